@@ -1,0 +1,3 @@
+from p2p.cli import main
+
+main()

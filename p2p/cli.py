@@ -1,0 +1,212 @@
+"""The ``p2p`` command line: flags -> frozen config objects -> library calls.
+
+This is the only place that reads flags (and, for the cache directory, the environment).
+Every user error ends in one line on stderr that names the problem and a non-zero exit:
+2 for a bad flag or value, 1 for a runtime failure (port in use, no peer answered).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from typing import List, Optional
+
+import click
+import typer
+
+from p2p.addresses import AddressError, parse_address
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="Decentralized peer-to-peer training of PyTorch models over ZeroMQ.",
+)
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit code ``code``."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _check_address(flag: str, value: str, *, allow_wildcard: bool = True) -> str:
+    try:
+        parse_address(value, allow_wildcard=allow_wildcard)
+    except AddressError as exc:
+        raise CliError(f"{flag}: {exc}") from None
+    return value
+
+
+def _positive(flag: str, value: Optional[float], *, allow_zero: bool = False) -> None:
+    if value is not None and (value < 0 or (value == 0 and not allow_zero)):
+        raise CliError(f"{flag} must be {'>= 0' if allow_zero else '> 0'}, got {value:g}")
+
+
+@app.command()
+def start(
+    listen: str = typer.Option(..., help="HOST:PORT to listen on (0.0.0.0 allowed with --advertise)."),
+    join: List[str] = typer.Option([], help="HOST:PORT of any member; repeat for several. None: start a new swarm."),
+    advertise: Optional[str] = typer.Option(None, help="HOST:PORT peers should dial (default: --listen)."),
+    task: str = typer.Option("synthetic", help="Built-in task name or MODULE:ATTR."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
+    data_dir: Optional[str] = typer.Option(None, help="Directory the task reads its data from, if it takes one."),
+    seed: int = typer.Option(0, help="Run seed: the same on every peer (same initial model)."),
+    node_id: Optional[str] = typer.Option(None, "--id", help="Node id (default: the advertised address)."),
+    shard: str = typer.Option("0/1", help="This peer's data shard I/N (0/1: sample all data)."),
+    steps: Optional[int] = typer.Option(None, help="Train this many steps, linger, then exit."),
+    duration: Optional[float] = typer.Option(None, help="Train this many seconds, linger, then exit."),
+    linger: Optional[float] = typer.Option(10.0, help="Seconds to keep averaging after training (-1: until stopped)."),
+    join_timeout: float = typer.Option(30.0, help="Seconds to keep retrying --join addresses."),
+    avg_interval: float = typer.Option(0.05, help="Seconds between averaging exchanges."),
+    exchange_timeout: float = typer.Option(2.0, help="Seconds before an unanswered exchange is dropped."),
+    eval_every: float = typer.Option(2.0, help="Seconds between held-out evaluations."),
+    log_every: float = typer.Option(2.0, help="Seconds between progress lines (0: none)."),
+    threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
+    slowdown: float = typer.Option(1.0, hidden=True, help="Test-only: make each step this many times slower."),
+    log_level: str = typer.Option("warning", help="debug, info, warning or error."),
+) -> None:
+    """Run one node in the foreground until SIGINT/SIGTERM (or --steps/--duration)."""
+    from p2p.averaging.base import AveragingConfig
+    from p2p.task import Shard, TaskError, load_task
+
+    _check_address("--listen", listen)
+    if advertise is None:
+        if parse_address(listen)[0] in ("0.0.0.0", "::", "*"):
+            raise CliError("--listen on a wildcard address needs --advertise HOST:PORT that peers can dial")
+        advertise = listen
+    _check_address("--advertise", advertise, allow_wildcard=False)
+    for address in join:
+        _check_address("--join", address, allow_wildcard=False)
+    try:
+        shard_value = Shard.parse(shard)
+    except ValueError as exc:
+        raise CliError(f"--shard: {exc}") from None
+    if steps is not None and steps < 1:
+        raise CliError(f"--steps must be >= 1, got {steps}")
+    for flag, value in (("--duration", duration), ("--join-timeout", join_timeout),
+                        ("--exchange-timeout", exchange_timeout), ("--eval-every", eval_every)):
+        _positive(flag, value)
+    for flag, value in (("--avg-interval", avg_interval), ("--log-every", log_every)):
+        _positive(flag, value, allow_zero=True)
+    if slowdown < 1.0:
+        raise CliError(f"--slowdown must be >= 1, got {slowdown:g}")
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise CliError(f"--log-level: unknown level {log_level!r}")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        task_obj = load_task(task)
+    except TaskError as exc:
+        raise CliError(str(exc)) from None
+    if data_dir is not None:
+        if not hasattr(task_obj, "data_dir"):
+            raise CliError(f"--data-dir: task {task!r} reads no data directory")
+        task_obj.data_dir = data_dir
+
+    import torch
+
+    from p2p.node import JoinError, Node, NodeConfig
+    from p2p.transport import TransportError
+
+    if threads:
+        torch.set_num_threads(threads)
+    config = NodeConfig(
+        listen=listen, advertise=advertise, task=task, join=tuple(join), node_id=node_id, seed=seed,
+        shard=shard_value, device=device, steps=steps, duration_s=duration,
+        linger_s=None if linger is not None and linger < 0 else linger, join_timeout_s=join_timeout,
+        eval_every_s=eval_every, log_every_s=log_every, slowdown=slowdown,
+        averaging=AveragingConfig(interval_s=avg_interval, exchange_timeout_s=exchange_timeout),
+    )
+    try:
+        node = Node(config, task_obj, print_line=lambda line: print(line, flush=True))
+    except TransportError as exc:
+        raise CliError(str(exc), code=1) from None
+    except ValueError as exc:  # e.g. --device cuda without CUDA
+        raise CliError(str(exc)) from None
+    signal.signal(signal.SIGTERM, node.request_stop)
+    signal.signal(signal.SIGINT, node.request_stop)
+    print(f"node {config.id} listening on {listen}, task {task}, device {node.device}, "
+          f"{node.flat.numel} parameters, joining {', '.join(join) or '(first member)'}", flush=True)
+    try:
+        node.run()
+    except JoinError as exc:
+        raise CliError(str(exc), code=1) from None
+
+
+@app.command()
+def status(
+    peer: str = typer.Option(..., help="HOST:PORT of any running node."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    timeout: float = typer.Option(3.0, help="Seconds to wait for the answer."),
+) -> None:
+    """Show a running node's member table and training progress."""
+    from p2p.client import QueryError
+    from p2p.client import status as query_status
+    from p2p.status_view import render_status
+
+    _check_address("--peer", peer, allow_wildcard=False)
+    _positive("--timeout", timeout)
+    try:
+        info = query_status(peer, timeout)
+    except QueryError as exc:
+        raise CliError(str(exc), code=1) from None
+    if as_json:
+        print(json.dumps(info, sort_keys=True))
+    else:
+        render_status(info)
+
+
+@app.command()
+def demo(
+    peers: int = typer.Option(4, help="Number of peer processes."),
+    steps: Optional[int] = typer.Option(None, help="Training steps per peer (default: the task's demo default)."),
+    duration: Optional[float] = typer.Option(None, help="Train for this many seconds instead of --steps."),
+    task: str = typer.Option("synthetic", help="Built-in task name or MODULE:ATTR."),
+    seed: int = typer.Option(0, help="Run seed."),
+    algorithm: str = typer.Option("adpsgd", help="Averaging algorithm."),
+    as_json: bool = typer.Option(False, "--json", help="Print only the summary, as one JSON object, on stdout."),
+    base_port: int = typer.Option(0, help="First port to use (0: pick free ports)."),
+    live: bool = typer.Option(True, help="Show the live view on stderr."),
+    keep_logs: Optional[str] = typer.Option(None, help="Directory to keep the peers' logs in."),
+) -> None:
+    """Run a swarm of peers on this machine and report how close they get to one process."""
+    from p2p.demo import DemoConfig, DemoError, run_demo
+
+    if peers < 1:
+        raise CliError(f"--peers must be >= 1, got {peers}")
+    if steps is not None and steps < 1:
+        raise CliError(f"--steps must be >= 1, got {steps}")
+    _positive("--duration", duration)
+    if algorithm != "adpsgd":
+        raise CliError(f"--algorithm: unknown algorithm {algorithm!r} (available: adpsgd)")
+    if not 0 <= base_port < 65536 - peers:
+        raise CliError(f"--base-port must leave room for {peers} ports")
+    config = DemoConfig(peers=peers, steps=steps, duration_s=duration, task=task, seed=seed,
+                        algorithm=algorithm, base_port=base_port, live=live, log_dir=keep_logs)
+    try:
+        summary = run_demo(config)
+    except DemoError as exc:
+        raise CliError(str(exc), code=1) from None
+    if as_json:
+        print(json.dumps(summary))
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point: run the app, turning every user error into one line and an exit code."""
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="p2p", standalone_mode=False)
+    except CliError as exc:
+        print(f"p2p: error: {exc}", file=sys.stderr)
+        sys.exit(exc.code)
+    except click.UsageError as exc:
+        print(f"p2p: error: {exc.format_message()}", file=sys.stderr)
+        sys.exit(2)
+    except click.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,42 @@
+"""Client queries a running node answers on its listening socket (``p2p status``, the demo).
+
+Clients have no listening address of their own, so the node answers on the connection the
+request came in on (see p2p/transport.py). Tags 40..59 are reserved for control messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from p2p.wire import message
+
+
+@message(40)
+@dataclass(frozen=True)
+class StatusRequest:
+    pass
+
+
+@message(41)
+@dataclass(frozen=True)
+class StatusReply:
+    info: dict  # node, training and averaging counters; see Node.status_info
+
+
+@message(42)
+@dataclass(frozen=True)
+class StateRequest:
+    pass
+
+
+@message(43)
+@dataclass(frozen=True)
+class StateReply:
+    step: int
+    model_key: str
+    params: np.ndarray
+
+
+CONTROL_REQUESTS = (StatusRequest, StateRequest)

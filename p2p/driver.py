@@ -1,0 +1,102 @@
+"""The real driver: feeds a sans-I/O ``Peer`` from ZeroMQ and the OS clock, on its own thread.
+
+This is the error boundary of DESIGN.md: every received frame set is decoded here; anything a
+peer gets wrong (``RemoteProtocolError`` from the codec or from a protocol object) is logged,
+counted by reason, and dropped. It never reaches training and never stops the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Callable
+
+from p2p.control import StateReply, StateRequest, StatusReply, StatusRequest
+from p2p.peer import Peer
+from p2p.protocol import RemoteProtocolError, Send
+from p2p.transport import Transport
+from p2p.wire import DEFAULT_LIMITS, Limits, decode, encode
+
+log = logging.getLogger("p2p.driver")
+
+
+class NetworkDriver:
+    def __init__(self, transport: Transport, peer: Peer, advertise: str,
+                 status_info: Callable[[], dict], state_reply: Callable[[], StateReply],
+                 shutdown_grace_s: float, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.transport = transport
+        self.peer = peer
+        self.advertise = advertise
+        self.status_info = status_info
+        self.state_reply = state_reply
+        self.limits = limits
+        self.shutdown_grace_s = shutdown_grace_s  # how long shutdown waits for an exchange in flight
+        self.rejected: Counter[str] = Counter()
+        self.stop_requested = threading.Event()
+        self.finished = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="p2p-network", daemon=True)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self, seeds: list[str]) -> None:
+        self._send_all(self.peer.start(seeds, time.monotonic()))
+        self._thread.start()  # from here on only the network thread touches the Peer
+
+    def stop(self, timeout_s: float) -> None:
+        """Finish (or abandon) the exchange in flight, announce leave, close sockets."""
+        self.stop_requested.set()
+        self._thread.join(timeout_s)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug in protocol code: report it, do not hang the node
+            log.exception("network loop failed")
+            self.error = exc
+        finally:
+            self.finished.set()
+
+    def _loop(self) -> None:
+        shutdown_deadline = None
+        while True:
+            now = time.monotonic()
+            if self.stop_requested.is_set():
+                if shutdown_deadline is None:
+                    shutdown_deadline = now + self.shutdown_grace_s
+                if not self.peer.averager.busy() or now >= shutdown_deadline:
+                    break
+            timeout = min(max(self.peer.next_deadline() - now, 0.0), 0.05)
+            for identity, frames in self.transport.receive(timeout):
+                self._handle(identity, frames)
+            now = time.monotonic()
+            if now >= self.peer.next_deadline():
+                self._send_all(self.peer.tick(now))
+        self._send_all(self.peer.membership.leave(time.monotonic()))
+        self.transport.close(linger_s=0.5)  # give the leave announcements a moment to go out
+
+    def _handle(self, identity: bytes, frames: list) -> None:
+        now = time.monotonic()
+        try:
+            src, msg = decode(frames, self.limits)
+            if isinstance(msg, StatusRequest):
+                self.transport.reply(identity, encode(StatusReply(self.status_info()), self.advertise))
+                return
+            if isinstance(msg, StateRequest):
+                self.transport.reply(identity, encode(self.state_reply(), self.advertise))
+                return
+            sends = self.peer.receive(src, msg, now)
+        except RemoteProtocolError as exc:
+            self.rejected[exc.reason] += 1
+            total = sum(self.rejected.values())
+            if total <= 20 or total % 100 == 0:  # keep logs readable under a flood
+                log.warning("rejected message (%s), %d rejected so far", exc, total)
+            return
+        self._send_all(sends)
+
+    def _send_all(self, sends: list[Send]) -> None:
+        now = time.monotonic()
+        for s in sends:
+            self.transport.send(s.to, encode(s.msg, self.advertise), now)

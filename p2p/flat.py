@@ -1,0 +1,69 @@
+"""A model's parameters as one flat, contiguous buffer.
+
+Every parameter tensor is re-pointed to a view into a single 1-D buffer, so averaging, sending
+and checksumming the model are one vectorised operation each, never a Python loop over
+parameters (the same trick as apex's flat master weights and DDP's gradient buckets).
+
+Thread discipline (why there is a lock and a mailbox):
+- only the training thread writes the buffer: optimizer steps, and at step boundaries the
+  averaging deltas that other threads queued with ``add_delta``;
+- other threads read it only through ``snapshot`` (a copy taken under the lock), so a peer
+  never receives a half-updated model.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+import numpy as np
+import torch
+
+
+class FlatParams:
+    """Owns the flat parameter buffer of ``model`` and the queue of pending averaging deltas."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("model has no trainable parameters")
+        dtypes = {p.dtype for p in params}
+        devices = {p.device for p in params}
+        if dtypes != {torch.float32} or len(devices) != 1:
+            raise ValueError(f"need float32 parameters on one device, got {dtypes} on {devices}")
+        self.device = params[0].device
+        self.buffer = torch.cat([p.detach().reshape(-1) for p in params])
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.data = self.buffer[offset:offset + n].view_as(p)
+            offset += n
+        self.numel = offset
+        self.lock = threading.Lock()
+        self._pending: deque[np.ndarray] = deque()
+
+    def snapshot(self) -> np.ndarray:
+        """A consistent float32 host copy of the parameters (safe from any thread)."""
+        with self.lock:
+            return self.buffer.detach().to("cpu", copy=True).numpy()
+
+    def add_delta(self, delta: np.ndarray) -> None:
+        """Queue ``x += delta``; the training thread applies it at its next step boundary."""
+        if delta.shape != (self.numel,):
+            raise ValueError(f"delta of shape {delta.shape}, model has {self.numel} parameters")
+        self._pending.append(delta)
+
+    def apply_pending(self) -> int:
+        """Apply every queued delta (training thread only). Returns how many were applied."""
+        applied = 0
+        while self._pending:
+            delta = self._pending.popleft()
+            with self.lock:
+                self.buffer.add_(torch.from_numpy(delta).to(self.device, non_blocking=True))
+            applied += 1
+        return applied
+
+    def load(self, values: np.ndarray) -> None:
+        """Overwrite the parameters (training thread only, e.g. from a checkpoint)."""
+        with self.lock:
+            self.buffer.copy_(torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)))

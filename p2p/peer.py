@@ -1,0 +1,50 @@
+"""One peer's whole protocol: membership, topology and averaging composed, still sans-I/O.
+
+The driver (ZeroMQ daemon or simulator) feeds it messages and timer ticks; it routes each
+message to the part that owns its type and merges their deadlines. Averaging sees only the
+neighbours the topology picks among the members that membership believes alive, so a dead
+member costs at most one exchange timeout.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from p2p.protocol import RemoteProtocolError, Send
+
+Topology = Callable[[str, Sequence[str]], list[str]]
+
+
+class Peer:
+    def __init__(self, addr: str, membership, averager, topology: Topology) -> None:
+        self.addr = addr
+        self.membership = membership
+        self.averager = averager
+        self.topology = topology
+        self._membership_types = tuple(membership.MESSAGES)
+        self._averaging_types = tuple(averager.MESSAGES)
+
+    def neighbours(self) -> list[str]:
+        alive = [m.addr for m in self.membership.alive()]
+        return self.topology(self.addr, alive)
+
+    def start(self, seeds: Sequence[str], now: float) -> list[Send]:
+        return self.membership.start(seeds, now)
+
+    def receive(self, src: str, msg: object, now: float) -> list[Send]:
+        if isinstance(msg, self._membership_types):
+            return self.membership.receive(src, msg, now)
+        if isinstance(msg, self._averaging_types):
+            return self.averager.receive(src, msg, now, self.neighbours())
+        raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a peer message")
+
+    def tick(self, now: float) -> list[Send]:
+        sends = []
+        if now >= self.membership.next_deadline():
+            sends += self.membership.tick(now)
+        if now >= self.averager.next_deadline():
+            sends += self.averager.tick(now, self.neighbours())
+        return sends
+
+    def next_deadline(self) -> float:
+        return min(self.membership.next_deadline(), self.averager.next_deadline())

@@ -1,0 +1,21 @@
+"""Human-readable rendering of a node's status (``p2p status``)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def render_status(info: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(
+        f"node {info['id']} at {info['addr']}  task {info['task']}  {info['phase']}  "
+        f"step {info['step']}  loss {info['loss']:.4f}  acc {info['accuracy']:.4f}  "
+        f"{info['algorithm']}/{info['topology']}  sent {info['bytes_sent'] / 1e6:.1f} MB  "
+        f"recv {info['bytes_received'] / 1e6:.1f} MB  rejected {sum(info['rejected'].values())}"
+    )
+    table = Table("id", "address", "state", "incarnation", "last heard")
+    for row in info["members"]:
+        heard = "-" if row["last_heard_s"] is None else f"{row['last_heard_s']:.1f}s ago"
+        table.add_row(str(row["id"]), str(row["addr"]), str(row["state"]), str(row["incarnation"]), heard)
+    console.print(table)

@@ -1,0 +1,126 @@
+"""Run a swarm of real ``p2p start`` processes on this machine (demo, tests, benchmarks).
+
+Each peer is a separate OS process listening on its own loopback port; peer i joins through
+peer i-1 (so no peer is special after the first hop). Logs go to one file per peer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from p2p.client import QueryError, state, status
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports the OS reports free right now (bound and released together to avoid repeats)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def consensus_distance(vectors: Sequence[np.ndarray]) -> float:
+    """Mean L2 distance of each peer's parameters to the swarm mean."""
+    stacked = np.stack([np.asarray(v, dtype=np.float64) for v in vectors])
+    return float(np.linalg.norm(stacked - stacked.mean(axis=0), axis=1).mean())
+
+
+class LocalSwarm:
+    def __init__(self, peers: int, log_dir: Path, node_args: Sequence[str] = (),
+                 ports: Optional[Sequence[int]] = None, host: str = "127.0.0.1",
+                 per_peer_args: Optional[Sequence[Sequence[str]]] = None) -> None:
+        self.ports = list(ports) if ports is not None else free_ports(peers, host)
+        self.addrs = [f"{host}:{p}" for p in self.ports]
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.node_args = list(node_args)
+        self.per_peer_args = [list(a) for a in per_peer_args] if per_peer_args else [[] for _ in self.addrs]
+        self.procs: list[Optional[subprocess.Popen]] = [None] * peers
+
+    def command(self, i: int, join: Sequence[str]) -> list[str]:
+        cmd = [sys.executable, "-m", "p2p", "start", "--listen", self.addrs[i], "--threads", "1",
+               *self.node_args, *self.per_peer_args[i]]
+        for address in join:
+            cmd += ["--join", address]
+        return cmd
+
+    def start_peer(self, i: int, join: Sequence[str]) -> subprocess.Popen:
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        log = open(self.log_dir / f"peer{i}.log", "ab")
+        proc = subprocess.Popen(self.command(i, join), stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        self.procs[i] = proc
+        return proc
+
+    def start(self) -> None:
+        for i in range(len(self.addrs)):
+            self.start_peer(i, [self.addrs[i - 1]] if i else [])
+
+    def log_tail(self, i: int, lines: int = 5) -> str:
+        path = self.log_dir / f"peer{i}.log"
+        text = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
+        return "\n".join(text[-lines:])
+
+    def alive(self, i: int) -> bool:
+        proc = self.procs[i]
+        return proc is not None and proc.poll() is None
+
+    def status(self, i: int, timeout_s: float = 1.0) -> Optional[dict]:
+        """The peer's status, or None if it is not running or does not answer in time."""
+        if not self.alive(i):
+            return None
+        try:
+            return status(self.addrs[i], timeout_s)
+        except QueryError:
+            return None
+
+    def params(self, i: int, timeout_s: float = 5.0) -> Optional[np.ndarray]:
+        if not self.alive(i):
+            return None
+        try:
+            return np.array(state(self.addrs[i], timeout_s).params)  # copy out of the frame
+        except QueryError:
+            return None
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[i]
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 15.0) -> list[Optional[int]]:
+        """SIGTERM every peer, wait, SIGKILL stragglers. Returns exit codes."""
+        for i in range(len(self.procs)):
+            self.kill(i, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        codes: list[Optional[int]] = []
+        for proc in self.procs:
+            if proc is None:
+                codes.append(None)
+                continue
+            try:
+                codes.append(proc.wait(max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes.append(proc.wait())
+        return codes
+
+    def __enter__(self) -> "LocalSwarm":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(timeout_s=5.0)
