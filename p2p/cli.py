@@ -13,8 +13,8 @@ import signal
 import sys
 from typing import List, Optional
 
-import click
 import typer
+from typer.exceptions import TyperException
 
 from p2p.addresses import AddressError, parse_address
 
@@ -204,9 +204,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     except CliError as exc:
         print(f"p2p: error: {exc}", file=sys.stderr)
         sys.exit(exc.code)
-    except click.UsageError as exc:
-        print(f"p2p: error: {exc.format_message()}", file=sys.stderr)
-        sys.exit(2)
-    except click.Abort:
+    except typer.Abort:
         sys.exit(130)
+    except TyperException as exc:  # typer's (vendored click's) usage errors: bad flag, bad value
+        if not hasattr(exc, "format_message"):
+            raise
+        print(f"p2p: error: {exc.format_message()}", file=sys.stderr)
+        sys.exit(getattr(exc, "exit_code", 2))
     sys.exit(code if isinstance(code, int) else 0)

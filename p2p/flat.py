@@ -8,13 +8,16 @@ Thread discipline (why there is a lock and a mailbox):
 - only the training thread writes the buffer: optimizer steps, and at step boundaries the
   averaging deltas that other threads queued with ``add_delta``;
 - other threads read it only through ``snapshot`` (a copy taken under the lock), so a peer
-  never receives a half-updated model.
+  never receives a half-updated model;
+- the model's logical value is buffer + pending deltas, and ``snapshot`` returns exactly that.
+  Otherwise two exchanges answered between two steps would both mix against the same stale
+  value and the peer's own weight could go negative (x + (a-x)/2 + (b-x)/2 = (a+b)/2).
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
+from typing import Optional
 
 import numpy as np
 import torch
@@ -39,29 +42,38 @@ class FlatParams:
             p.data = self.buffer[offset:offset + n].view_as(p)
             offset += n
         self.numel = offset
-        self.lock = threading.Lock()
-        self._pending: deque[np.ndarray] = deque()
+        self.lock = threading.Lock()  # guards buffer writes and the pending sum
+        self._pending: Optional[np.ndarray] = None  # sum of queued deltas (host float32)
+        self._pending_count = 0
 
     def snapshot(self) -> np.ndarray:
-        """A consistent float32 host copy of the parameters (safe from any thread)."""
+        """A consistent float32 host copy of the parameters, queued deltas included."""
         with self.lock:
-            return self.buffer.detach().to("cpu", copy=True).numpy()
+            values = self.buffer.detach().to("cpu", copy=True).numpy()
+            if self._pending is not None:
+                values += self._pending
+        return values
 
     def add_delta(self, delta: np.ndarray) -> None:
         """Queue ``x += delta``; the training thread applies it at its next step boundary."""
         if delta.shape != (self.numel,):
             raise ValueError(f"delta of shape {delta.shape}, model has {self.numel} parameters")
-        self._pending.append(delta)
+        with self.lock:
+            if self._pending is None:
+                self._pending = np.array(delta, dtype=np.float32)
+            else:
+                self._pending += delta
+            self._pending_count += 1
 
     def apply_pending(self) -> int:
-        """Apply every queued delta (training thread only). Returns how many were applied."""
-        applied = 0
-        while self._pending:
-            delta = self._pending.popleft()
-            with self.lock:
-                self.buffer.add_(torch.from_numpy(delta).to(self.device, non_blocking=True))
-            applied += 1
-        return applied
+        """Apply the queued deltas (training thread only). Returns how many there were."""
+        with self.lock:
+            pending, count = self._pending, self._pending_count
+            if pending is None:
+                return 0
+            self.buffer.add_(torch.from_numpy(pending).to(self.device))
+            self._pending, self._pending_count = None, 0
+        return count
 
     def load(self, values: np.ndarray) -> None:
         """Overwrite the parameters (training thread only, e.g. from a checkpoint)."""

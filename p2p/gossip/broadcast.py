@@ -1,0 +1,81 @@
+"""The transmit-limited broadcast queue (memberlist ``TransmitLimitedQueue``).
+
+Holds at most one pending update per member id (a newer update about a member replaces the older
+one). ``take`` fills a byte budget with the least-transmitted updates first and, among equally
+transmitted ones, the newest first; every update taken counts one transmission and is dropped
+once it has been sent ``limit`` times (``retransmit_limit``: lambda * ceil(log10(N + 1))).
+
+Items live in buckets indexed by transmit count; each bucket is an insertion-ordered dict, so
+"newest first" is a reversed walk. Cost per ``take`` is proportional to what it returns.
+"""
+
+from __future__ import annotations
+
+_MIN_RECORD = 12  # no record is smaller than this many bytes: stop filling below it
+
+
+class BroadcastQueue:
+    __slots__ = ("_items", "_buckets")
+
+    def __init__(self) -> None:
+        self._items: dict[str, list] = {}  # node id -> [update, size, transmits]
+        self._buckets: list[dict[str, list]] = [{}]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def push(self, node_id: str, update: tuple, size: int) -> None:
+        """Queue ``update`` (about ``node_id``), replacing any pending update about that member."""
+        old = self._items.get(node_id)
+        if old is not None:
+            del self._buckets[old[2]][node_id]
+        item = [update, size, 0]
+        self._items[node_id] = item
+        self._buckets[0][node_id] = item
+
+    def pending(self) -> list[tuple]:
+        """Pending updates, least transmitted and newest first (for tests and diagnostics)."""
+        return [b[k][0] for b in self._buckets for k in reversed(b)]
+
+    def take(self, budget: int, limit: int) -> list[tuple]:
+        """Updates whose encoded sizes fit in ``budget`` bytes; each counts one transmission."""
+        out: list[tuple] = []
+        taken: list[tuple[str, list]] = []
+        for bucket in self._buckets:
+            if budget < _MIN_RECORD:
+                break
+            if not bucket:
+                continue
+            for node_id in reversed(bucket):
+                item = bucket[node_id]
+                size = item[1]
+                if size > budget:
+                    if budget < _MIN_RECORD:
+                        break
+                    continue
+                budget -= size
+                out.append(item[0])
+                taken.append((node_id, item))
+        items, buckets = self._items, self._buckets
+        for node_id, item in reversed(taken):  # oldest first, so "newest last" holds in the next bucket
+            t = item[2]
+            del buckets[t][node_id]
+            t += 1
+            if t >= limit:
+                del items[node_id]
+                continue
+            item[2] = t
+            if t == len(buckets):
+                buckets.append({})
+            buckets[t][node_id] = item
+        return out
+
+    def prune(self, limit: int) -> None:
+        """Drop updates already sent ``limit`` times (the limit shrinks when the cluster does)."""
+        for t in range(limit, len(self._buckets)):
+            for node_id in self._buckets[t]:
+                del self._items[node_id]
+            self._buckets[t] = {}

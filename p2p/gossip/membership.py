@@ -1,0 +1,666 @@
+"""SWIM + Lifeguard membership as a sans-I/O state machine.
+
+Theory of operation
+-------------------
+Every member keeps a table of ``(state, node_id, addr, incarnation)`` rows, itself included.
+States: ALIVE -> SUSPECT -> DEAD, and LEFT for a graceful leave. Precedence follows SWIM
+section 4.2 as memberlist implements it: for the same member, a higher incarnation wins;
+at equal incarnation SUSPECT beats ALIVE and DEAD/LEFT beat both; only the member itself raises
+its incarnation (to refute a suspicion, a death or a stale rumour about itself).
+
+- Failure detection (SWIM 4.1): each protocol period we Ping one member, walking a lazily
+  shuffled list round-robin. No Ack within ``probe_timeout`` -> PingReq to ``indirect_checks``
+  alive members; still nothing when the period ends -> SUSPECT, gossiped with our id as origin.
+- Suspicion (SWIM 4.2, Lifeguard IV-B): a suspicion fires after a timeout that starts at
+  ``max`` and falls towards ``min`` as independent suspectors confirm it; when it fires we
+  declare the member DEAD. The suspect refutes by gossiping ALIVE with a higher incarnation;
+  pinging a suspect carries the suspicion along so it can refute at once (Lifeguard buddy).
+- Local health (Lifeguard IV-A): missed acks / missing Nacks / having to refute raise a score
+  that stretches our own probe interval and timeout, so a slow node accuses less.
+- Dissemination (SWIM 4.1): every accepted change is queued once per member and piggybacked on
+  Pings, Acks and periodic Gossip messages within ``packet_budget_bytes``, each update at most
+  ``retransmit_mult * ceil(log10(N + 1))`` times, least-sent and newest first.
+- Anti-entropy and join: PushPull exchanges whole tables with one random member every
+  ``push_pull_interval`` (scaled with log2 N). A joiner push-pulls its seeds, retrying with
+  exponential backoff until one answers. Merging a remote table is memberlist's ``mergeState``:
+  a remote DEAD is taken as a SUSPECT (so the member can refute), LEFT as LEFT.
+- Partitions: members we declared dead stay in the table for ``reap_after``; for
+  ``reconnect_window`` we now and then push-pull one of them (Serf's reconnect), so once the
+  network heals each side learns that the other thinks it dead, refutes, and the views merge.
+
+Invariants (checked by the simulator): a member never holds itself DEAD (it refutes instead);
+a member's incarnation in any table never decreases while the row is held; a row that went
+DEAD/LEFT at incarnation i only becomes ALIVE/SUSPECT again at an incarnation > i.
+
+Beyond memberlist: ``restore()`` preloads a table (a snapshot of an earlier run, like Serf's
+snapshot file, or the simulator's warm start) without gossiping it; probes then verify it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional, Sequence
+
+from p2p.gossip.broadcast import BroadcastQueue
+from p2p.gossip.config import MembershipConfig
+from p2p.gossip.messages import (
+    ALIVE, DEAD, LEFT, MEMBERSHIP_MESSAGES, STATE_NAMES, SUSPECT,
+    Ack, Gossip, Nack, Ping, PingReq, PushPull, record_size, trusted,
+)
+from p2p.gossip.suspicion import (
+    Awareness, Suspicion, awareness_delta, expected_confirmations, push_pull_interval,
+    retransmit_limit, suspicion_min_timeout,
+)
+from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
+
+INF = float("inf")
+_OVERHEAD = 64  # bytes of a Ping/Ack/Gossip besides its updates (header, ids, seq)
+
+
+@dataclass(frozen=True)
+class Member:
+    id: str
+    addr: str
+    state: str  # "alive" | "suspect" | "dead" | "left"
+    incarnation: int
+    last_heard: Optional[float]  # local `now` of the last message received from it, or None
+
+
+# on_change(member_id, old_state, old_incarnation, new_state, new_incarnation): old_state is
+# None when the row is new (old_incarnation -1), new_state None when it is reaped.
+ChangeHook = Callable[[str, Optional[int], int, Optional[int], int], None]
+
+
+class Membership:
+    def __init__(self, config: MembershipConfig, node_id: str, addr: str, rng: random.Random,
+                 now: float, incarnation: int = 0) -> None:
+        if not isinstance(config, MembershipConfig):
+            raise LocalProtocolError("config must be a MembershipConfig")
+        for name, v in (("node_id", node_id), ("addr", addr)):
+            if not isinstance(v, str) or not v or len(v) > 256:
+                raise LocalProtocolError(f"{name} must be a non-empty string of at most 256 chars")
+        if isinstance(incarnation, bool) or not isinstance(incarnation, int) or incarnation < 0:
+            raise LocalProtocolError("incarnation must be an int >= 0")
+        self.config = config
+        self.node_id = node_id
+        self.addr = addr
+        self._rng = rng
+        self._inc = incarnation
+        self._members: dict[str, tuple] = {node_id: (ALIVE, node_id, addr, incarnation)}
+        self._ids: list[str] = []  # other members: probe order (lazy Fisher-Yates) and sampling pool
+        self._probe_idx = 0
+        self._n_live = 1  # rows ALIVE or SUSPECT, self included
+        self._last_heard: dict[str, float] = {}
+        self._dead_since: dict[str, float] = {}  # DEAD/LEFT rows -> when they became so
+        self._suspicions: dict[str, Suspicion] = {}
+        self._relays: dict[int, tuple[str, int, float]] = {}  # our seq -> (origin addr, its seq, deadline)
+        self._queue = BroadcastQueue()
+        self._awareness = Awareness(config.awareness_max_multiplier)
+        self._seq = 0
+        self._probe_seq = -1  # -1: no probe outstanding
+        self._probe_id = ""
+        self._probe_timeout_at = INF
+        self._probe_nacks = 0
+        self._probe_expected_nacks = 0
+        self._started = False
+        self._left = False
+        self._joined = False
+        self._seeds: tuple[str, ...] = ()
+        self._join_backoff = config.join_retry_initial
+        self._next_probe = self._next_gossip = self._next_push_pull = INF
+        self._next_reconnect = self._next_join = INF
+        self._needs_compaction = False
+        self._version = 0
+        self._alive_cache: tuple[int, list[tuple]] = (-1, [])
+        self.stats: dict[str, int] = {}
+        self.on_change: Optional[ChangeHook] = None  # optional observer (simulator invariants, logs)
+        self._created = now
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def joined(self) -> bool:
+        """True when started with no seeds, or once any seed or peer has answered."""
+        return self._joined
+
+    @property
+    def incarnation(self) -> int:
+        return self._inc
+
+    @property
+    def has_left(self) -> bool:
+        return self._left
+
+    def owns(self, msg: object) -> bool:
+        """Whether ``msg`` belongs to the membership protocol (routing helper for drivers)."""
+        return isinstance(msg, MEMBERSHIP_MESSAGES)
+
+    def start(self, seeds: Sequence[str], now: float) -> list[Send]:
+        """Start timers and join through any of ``seeds`` ("host:port"; empty: first member)."""
+        if self._started:
+            raise LocalProtocolError("start() called twice")
+        if isinstance(seeds, str):
+            raise LocalProtocolError("seeds must be a sequence of addresses, not one string")
+        self._started = True
+        cfg, rng = self.config, self._rng
+        self._seeds = tuple(dict.fromkeys(s for s in seeds if s != self.addr))
+        self._next_probe = now + rng.random() * cfg.probe_interval
+        n = len(self._members)
+        self._next_push_pull = now + rng.random() * push_pull_interval(cfg.push_pull_interval, n)
+        self._next_reconnect = now + (0.5 + rng.random()) * cfg.reconnect_interval
+        self._broadcast((ALIVE, self.node_id, self.addr, self._inc, ""), now)
+        if not self._seeds:
+            self._joined = True
+            return []
+        out: list[Send] = []
+        self._send_join(out)
+        self._next_join = now + self._join_backoff
+        return out
+
+    def restore(self, rows: Iterable[tuple[str, str, int]], now: float) -> None:
+        """Before start(): take ``(node_id, addr, incarnation)`` rows as ALIVE members, quietly.
+
+        For a table saved by an earlier run (Serf's snapshot) or a simulator's warm start; the
+        rows are not gossiped (everyone is presumed to know them) and probes soon verify them.
+        """
+        if self._started:
+            raise LocalProtocolError("restore() must come before start()")
+        members, ids, hook = self._members, self._ids, self.on_change
+        for nid, addr, inc in rows:
+            if nid == self.node_id or nid in members:
+                continue
+            if hook is not None:
+                self._set(nid, (ALIVE, nid, addr, inc), now)
+                continue
+            members[nid] = (ALIVE, nid, addr, inc)
+            ids.append(nid)
+            self._n_live += 1
+        self._version += 1
+
+    def receive(self, src: str, msg: object, now: float) -> list[Send]:
+        """Handle ``msg`` from the node advertised at ``src``; raises RemoteProtocolError if bad."""
+        t = type(msg)
+        if t not in _HANDLERS:
+            raise LocalProtocolError(f"{t.__name__} is not a membership message (check owns())")
+        if self._left:
+            return []
+        sender = msg.sender
+        if sender == self.node_id:
+            raise RemoteProtocolError("id_conflict", f"a message from {src} claims our id {sender!r}")
+        self._count(_RECV_KEYS[t])
+        out: list[Send] = []
+        _HANDLERS[t](self, src, msg, now, out)
+        self._joined = True
+        if sender in self._members:
+            self._last_heard[sender] = now
+        return out
+
+    def tick(self, now: float) -> list[Send]:
+        """Run every timer that is due at ``now``; afterwards next_deadline() > now."""
+        if not self._started or self._left:
+            return []
+        out: list[Send] = []
+        if self._probe_timeout_at <= now:
+            self._probe_timeout_at = INF
+            self._send_indirect(out)
+        if self._next_probe <= now:
+            self._probe(now, out)
+        if self._suspicions:
+            self._expire_suspicions(now)
+        if self._relays:
+            self._expire_relays(now, out)
+        if self._next_gossip <= now:
+            self._gossip(now, out)
+        if self._next_push_pull <= now:
+            self._push_pull(now, out)
+        if self._next_reconnect <= now:
+            self._reconnect(now, out)
+        if self._next_join <= now:
+            if self._joined:
+                self._next_join = INF
+            else:
+                self._send_join(out)
+                self._join_backoff = min(self._join_backoff * 2.0, self.config.join_retry_max)
+                self._next_join = now + self._join_backoff
+        return out
+
+    def next_deadline(self) -> float:
+        """Absolute time at which tick() wants to run next (inf when nothing is pending)."""
+        if not self._started or self._left:
+            return INF
+        d = min(self._next_probe, self._probe_timeout_at, self._next_gossip,
+                self._next_push_pull, self._next_reconnect, self._next_join)
+        if self._suspicions:
+            d = min(d, min(s.deadline for s in self._suspicions.values()))
+        if self._relays:
+            d = min(d, min(r[2] for r in self._relays.values()))
+        return d
+
+    def leave(self, now: float) -> list[Send]:
+        """Leave gracefully: mark ourselves LEFT and tell a few members, who gossip it on."""
+        if self._left:
+            return []
+        update = (LEFT, self.node_id, self.addr, self._inc, self.node_id)
+        self._set(self.node_id, (LEFT, self.node_id, self.addr, self._inc), now)
+        cfg = self.config
+        fanout = max(cfg.gossip_nodes, retransmit_limit(cfg.retransmit_mult, self._n_live + 1))
+        out = [Send(self._members[i][2], trusted(Gossip, self.node_id, (update,)))
+               for i in self._sample(fanout, SUSPECT, "")]
+        self._count("sent_Gossip", len(out))
+        self._left = True
+        return out
+
+    def alive(self) -> list[Member]:
+        """Members believed ALIVE or SUSPECT (not yet declared dead), excluding self, by id.
+
+        Suspects are included because most suspicions are refuted; callers that must avoid a
+        possibly failing member can filter on ``state == "alive"``.
+        """
+        version, rows = self._alive_cache
+        if version != self._version:
+            rows = sorted((r for r in self._members.values() if r[0] <= SUSPECT and r[1] != self.node_id),
+                          key=lambda r: r[1])
+            self._alive_cache = (self._version, rows)
+        lh = self._last_heard
+        return [Member(r[1], r[2], STATE_NAMES[r[0]], r[3], lh.get(r[1])) for r in rows]
+
+    def table(self) -> list[Member]:
+        """Every known member, self included, by id (for ``p2p status``)."""
+        lh = self._last_heard
+        rows = [Member(r[1], r[2], STATE_NAMES[r[0]], r[3], lh.get(r[1])) for r in self._members.values()]
+        rows.sort(key=lambda m: m.id)
+        return rows
+
+    def member(self, node_id: str) -> Optional[Member]:
+        """The row for ``node_id``, or None if unknown (never known, or reaped)."""
+        r = self._members.get(node_id)
+        if r is None:
+            return None
+        return Member(r[1], r[2], STATE_NAMES[r[0]], r[3], self._last_heard.get(node_id))
+
+    def state_of(self, node_id: str) -> Optional[int]:
+        """The state code (ALIVE/SUSPECT/DEAD/LEFT) of ``node_id``, or None; cheap."""
+        r = self._members.get(node_id)
+        return None if r is None else r[0]
+
+    def num_live(self) -> int:
+        """Rows ALIVE or SUSPECT, self included (our estimate of the cluster size)."""
+        return self._n_live
+
+    def local_health(self) -> int:
+        """Lifeguard awareness score: 0 is healthy; timeouts are scaled by score + 1."""
+        return self._awareness.score
+
+    # ------------------------------------------------------------------ message handlers
+
+    def _on_ping(self, src: str, msg: Ping, now: float, out: list) -> None:
+        if msg.updates:
+            self._apply_updates(msg.updates, now)
+        if msg.target != self.node_id:  # the address now belongs to someone else
+            self._count("ignored_wrong_target")
+            return
+        out.append(Send(src, trusted(Ack, msg.seq, self.node_id, self._take())))
+        self._count("sent_Ack")
+
+    def _on_ack(self, src: str, msg: Ack, now: float, out: list) -> None:
+        if msg.updates:
+            self._apply_updates(msg.updates, now)
+        seq = msg.seq
+        if seq == self._probe_seq:
+            self._probe_seq = -1
+            self._probe_timeout_at = INF
+            self._awareness.apply(-1)
+            return
+        relay = self._relays.pop(seq, None)
+        if relay is not None:
+            out.append(Send(relay[0], trusted(Ack, relay[1], self.node_id, ())))
+            self._count("sent_Ack")
+        else:
+            self._count("stale_acks")
+
+    def _on_nack(self, src: str, msg: Nack, now: float, out: list) -> None:
+        if msg.seq == self._probe_seq:
+            self._probe_nacks += 1
+
+    def _on_ping_req(self, src: str, msg: PingReq, now: float, out: list) -> None:
+        if msg.target == self.node_id:
+            raise RemoteProtocolError("bad_ping_req", "asked to probe ourselves")
+        if len(self._relays) >= self.config.max_relays:
+            self._count("relays_dropped")
+            return
+        seq = self._seq = self._seq + 1
+        self._relays[seq] = (src, msg.seq, now + self.config.probe_timeout)
+        out.append(Send(msg.target_addr, trusted(Ping, seq, self.node_id, msg.target, self._take())))
+        self._count("sent_Ping")
+
+    def _on_push_pull(self, src: str, msg: PushPull, now: float, out: list) -> None:
+        if msg.join:
+            own = [s for s in msg.states if s[1] == msg.sender]
+            if not own or own[0][0] != ALIVE:
+                raise RemoteProtocolError("bad_join", "a joiner must list itself alive")
+        self._merge(msg.states, now)
+        if msg.reply:
+            out.append(Send(src, trusted(PushPull, self.node_id, False, False, tuple(self._members.values()))))
+            self._count("sent_PushPull")
+
+    def _on_gossip(self, src: str, msg: Gossip, now: float, out: list) -> None:
+        self._apply_updates(msg.updates, now)
+
+    # ------------------------------------------------------------------ state changes
+
+    def _apply_updates(self, updates: tuple, now: float) -> None:
+        for u in updates:
+            kind = u[0]
+            if kind == ALIVE:
+                self._on_alive(u, now, True)
+            elif kind == SUSPECT:
+                self._on_suspect(u, now)
+            else:
+                self._on_dead(u, now)
+
+    def _merge(self, states: tuple, now: float) -> None:
+        """memberlist mergeState: take a remote table into ours, re-gossiping what is news."""
+        members = self._members
+        for rec in states:
+            nid = rec[1]
+            cur = members.get(nid)
+            if cur is rec or cur == rec:
+                continue
+            st = rec[0]
+            if cur is None:
+                if st <= SUSPECT:  # new member; a remote suspicion is theirs to confirm, not ours
+                    self._set(nid, rec if st == ALIVE else (ALIVE, nid, rec[2], rec[3]), now)
+                    self._broadcast((ALIVE, nid, rec[2], rec[3], ""), now)
+                continue
+            if st == ALIVE:
+                self._on_alive(rec, now, True)
+            elif st == LEFT:
+                self._on_dead((LEFT, nid, rec[2], rec[3], nid), now)
+            else:  # SUSPECT, or DEAD taken as SUSPECT so that the member may refute
+                self._on_suspect((SUSPECT, nid, rec[2], rec[3], self.node_id), now)
+
+    def _on_alive(self, u: tuple, now: float, announce: bool) -> None:
+        nid, addr, inc = u[1], u[2], u[3]
+        if nid == self.node_id:
+            if inc > self._inc or (inc == self._inc and addr != self.addr):
+                self._refute(inc, now)
+            return
+        cur = self._members.get(nid)
+        if cur is not None and inc <= cur[3]:
+            return
+        if cur is not None:
+            self._suspicions.pop(nid, None)
+        self._set(nid, (ALIVE, nid, addr, inc), now)
+        if announce:
+            self._broadcast(u if len(u) == 5 else (ALIVE, nid, addr, inc, ""), now)
+
+    def _on_suspect(self, u: tuple, now: float) -> None:
+        nid, inc = u[1], u[3]
+        cur = self._members.get(nid)
+        if cur is None or inc < cur[3]:
+            return
+        s = self._suspicions.get(nid)
+        if s is not None:
+            if s.confirm(u[4]):
+                self._broadcast(u, now)
+            return
+        if cur[0] != ALIVE:
+            return
+        if nid == self.node_id:
+            self._refute(inc, now)
+            self._count("false_suspicions_refuted")
+            return
+        self._set(nid, (SUSPECT, nid, cur[2], inc), now)
+        cfg = self.config
+        n = self._n_live
+        mn = suspicion_min_timeout(cfg.suspicion_mult, n, cfg.probe_interval)
+        self._suspicions[nid] = Suspicion(u[4], expected_confirmations(cfg.suspicion_mult, n), mn,
+                                          mn * cfg.suspicion_max_timeout_mult, now, inc)
+        self._broadcast(u, now)
+        self._count("suspected")
+
+    def _on_dead(self, u: tuple, now: float) -> None:
+        nid, inc = u[1], u[3]
+        cur = self._members.get(nid)
+        if cur is None or inc < cur[3]:
+            return
+        self._suspicions.pop(nid, None)
+        if cur[0] >= DEAD:
+            return
+        if nid == self.node_id:
+            self._refute(inc, now)
+            return
+        state = LEFT if u[0] == LEFT else DEAD
+        self._set(nid, (state, nid, cur[2], inc), now)
+        self._broadcast(u, now)
+        self._count("declared_left" if state == LEFT else "declared_dead")
+
+    def _refute(self, accused: int, now: float) -> None:
+        inc = max(self._inc, accused) + 1
+        self._inc = inc
+        self._awareness.apply(1)
+        self._set(self.node_id, (ALIVE, self.node_id, self.addr, inc), now)
+        self._broadcast((ALIVE, self.node_id, self.addr, inc, ""), now)
+        self._count("refutes")
+
+    def _set(self, nid: str, new: Optional[tuple], now: float) -> None:
+        """The one place rows change: keeps counters, the probe list and observers in step."""
+        members = self._members
+        old = members.get(nid)
+        was_live = old is not None and old[0] <= SUSPECT
+        if new is None:
+            del members[nid]
+            self._dead_since.pop(nid, None)
+            self._last_heard.pop(nid, None)
+            self._needs_compaction = True
+        else:
+            members[nid] = new
+            if new[0] >= DEAD:
+                if old is None or old[0] <= SUSPECT:
+                    self._dead_since[nid] = now
+            elif old is not None and old[0] >= DEAD:
+                del self._dead_since[nid]
+            if old is None and nid != self.node_id:
+                self._ids.append(nid)
+        self._n_live += (new is not None and new[0] <= SUSPECT) - was_live
+        self._version += 1
+        hook = self.on_change
+        if hook is not None:
+            hook(nid, None if old is None else old[0], -1 if old is None else old[3],
+                 None if new is None else new[0], -1 if new is None else new[3])
+
+    def _broadcast(self, update: tuple, now: float) -> None:
+        self._queue.push(update[1], update, record_size(update))
+        if self._next_gossip == INF and self._started:
+            self._next_gossip = now + self.config.gossip_interval
+
+    def _take(self) -> tuple:
+        if not self._queue:
+            return ()
+        cfg = self.config
+        return tuple(self._queue.take(cfg.packet_budget_bytes - _OVERHEAD,
+                                      retransmit_limit(cfg.retransmit_mult, self._n_live)))
+
+    # ------------------------------------------------------------------ timers
+
+    def _probe(self, now: float, out: list) -> None:
+        cfg = self.config
+        if self._probe_seq >= 0:  # the previous probe got no ack, even indirectly
+            self._probe_failed(now)
+        self._next_probe = now + self._awareness.scale(cfg.probe_interval)
+        if self._queue and self._next_gossip == INF:
+            self._next_gossip = now + cfg.gossip_interval
+        target = self._next_target()
+        if target is None:
+            return
+        rec = self._members[target]
+        seq = self._seq = self._seq + 1
+        updates = self._take()
+        if rec[0] == SUSPECT:  # Lifeguard buddy system: tell the suspect, it may refute at once
+            updates = ((SUSPECT, target, rec[2], rec[3], self.node_id),) + updates
+        out.append(Send(rec[2], trusted(Ping, seq, self.node_id, target, updates)))
+        self._count("sent_Ping")
+        self._probe_seq = seq
+        self._probe_id = target
+        self._probe_nacks = 0
+        self._probe_expected_nacks = 0
+        self._probe_timeout_at = now + self._awareness.scale(cfg.probe_timeout)
+
+    def _next_target(self) -> Optional[str]:
+        """Round-robin over the members in an order reshuffled every round (lazily)."""
+        ids, members, rng = self._ids, self._members, self._rng
+        for _ in range(2):  # at most one wrap per call
+            n = len(ids)
+            i = self._probe_idx
+            while i < n:
+                j = i + int(rng.random() * (n - i))
+                cand = ids[j]
+                ids[j] = ids[i]
+                ids[i] = cand
+                i += 1
+                rec = members.get(cand)
+                if rec is not None and rec[0] <= SUSPECT:
+                    self._probe_idx = i
+                    return cand
+            self._probe_idx = 0
+            if self._needs_compaction:
+                self._compact()
+                ids = self._ids
+        return None
+
+    def _compact(self) -> None:
+        members = self._members
+        self._ids = [i for i in dict.fromkeys(self._ids) if i in members]
+        self._needs_compaction = False
+        self._probe_idx = 0
+
+    def _probe_failed(self, now: float) -> None:
+        self._count("probe_failures")
+        self._awareness.apply(awareness_delta(self._probe_expected_nacks, self._probe_nacks))
+        target, self._probe_seq, self._probe_timeout_at = self._probe_id, -1, INF
+        rec = self._members.get(target)
+        if rec is not None and rec[0] <= SUSPECT:
+            self._on_suspect((SUSPECT, target, rec[2], rec[3], self.node_id), now)
+
+    def _send_indirect(self, out: list) -> None:
+        if self._probe_seq < 0:
+            return
+        target = self._probe_id
+        rec = self._members.get(target)
+        if rec is None:
+            return
+        helpers = self._sample(self.config.indirect_checks, ALIVE, target)
+        for h in helpers:
+            out.append(Send(self._members[h][2], trusted(PingReq, self._probe_seq, self.node_id, target, rec[2])))
+        self._count("sent_PingReq", len(helpers))
+        self._probe_expected_nacks = len(helpers)
+
+    def _expire_suspicions(self, now: float) -> None:
+        due = [(nid, s) for nid, s in self._suspicions.items() if s.deadline <= now]
+        for nid, s in due:
+            del self._suspicions[nid]
+            rec = self._members.get(nid)
+            if rec is not None and rec[0] == SUSPECT:
+                self._on_dead((DEAD, nid, rec[2], rec[3], self.node_id), now)
+
+    def _expire_relays(self, now: float, out: list) -> None:
+        due = [seq for seq, r in self._relays.items() if r[2] <= now]
+        for seq in due:
+            origin, origin_seq, _ = self._relays.pop(seq)
+            out.append(Send(origin, trusted(Nack, origin_seq, self.node_id)))
+            self._count("sent_Nack")
+
+    def _gossip(self, now: float, out: list) -> None:
+        cfg = self.config
+        if not self._queue:
+            self._next_gossip = INF
+            return
+        targets = self._sample(cfg.gossip_nodes, SUSPECT, "", now - cfg.gossip_to_the_dead)
+        if not targets:
+            self._next_gossip = INF  # re-armed by the next probe tick or queued update
+            return
+        self._next_gossip = now + cfg.gossip_interval
+        for t in targets:
+            updates = self._take()
+            if not updates:
+                break
+            out.append(Send(self._members[t][2], trusted(Gossip, self.node_id, updates)))
+            self._count("sent_Gossip")
+
+    def _push_pull(self, now: float, out: list) -> None:
+        cfg = self.config
+        self._next_push_pull = now + push_pull_interval(cfg.push_pull_interval, self._n_live)
+        peers = self._sample(1, ALIVE, "")
+        if peers:
+            self._send_push_pull(self._members[peers[0]][2], out)
+
+    def _reconnect(self, now: float, out: list) -> None:
+        """Serf's reconnect: now and then push-pull a recently dead member; reap old rows."""
+        cfg = self.config
+        self._next_reconnect = now + cfg.reconnect_interval
+        members = self._members
+        recent = []
+        for nid, since in list(self._dead_since.items()):
+            age = now - since
+            if age > cfg.reap_after:
+                self._set(nid, None, now)
+                self._count("reaped")
+            elif age <= cfg.reconnect_window and members[nid][0] == DEAD:
+                recent.append(nid)
+        if recent and self._rng.random() < len(recent) / max(1, self._n_live - 1):
+            nid = recent[int(self._rng.random() * len(recent))]
+            self._send_push_pull(members[nid][2], out)
+            self._count("reconnects")
+
+    def _send_join(self, out: list) -> None:
+        states = tuple(self._members.values())
+        for seed in self._seeds:
+            out.append(Send(seed, trusted(PushPull, self.node_id, True, True, states)))
+        self._count("sent_PushPull", len(self._seeds))
+        self._count("join_attempts")
+
+    def _send_push_pull(self, addr: str, out: list) -> None:
+        out.append(Send(addr, trusted(PushPull, self.node_id, False, True, tuple(self._members.values()))))
+        self._count("sent_PushPull")
+
+    def _sample(self, k: int, max_state: int, exclude: str, dead_after: float = INF) -> list[str]:
+        """Up to ``k`` distinct random members with state <= max_state (or dead since
+        ``dead_after``), never self or ``exclude``."""
+        if k <= 0:
+            return []
+        ids, members, rng, me = self._ids, self._members, self._rng, self.node_id
+        dead_since = self._dead_since
+        n = len(ids)
+        if n <= 4 * k + 8:
+            pool = [i for i in dict.fromkeys(ids) if i != exclude and i != me and i in members
+                    and (members[i][0] <= max_state or
+                         (members[i][0] == DEAD and dead_since[i] >= dead_after))]
+            return pool if len(pool) <= k else rng.sample(pool, k)
+        chosen: list[str] = []
+        for _ in range(4 * k + 16):
+            i = ids[int(rng.random() * n)]
+            if i == exclude or i == me or i in chosen:
+                continue
+            rec = members.get(i)
+            if rec is not None and (rec[0] <= max_state or (rec[0] == DEAD and dead_since[i] >= dead_after)):
+                chosen.append(i)
+                if len(chosen) == k:
+                    break
+        return chosen
+
+    def _count(self, key: str, n: int = 1) -> None:
+        stats = self.stats
+        stats[key] = stats.get(key, 0) + n
+
+
+_RECV_KEYS = {t: "recv_" + t.__name__ for t in MEMBERSHIP_MESSAGES}
+
+_HANDLERS = {
+    Ping: Membership._on_ping,
+    Ack: Membership._on_ack,
+    Nack: Membership._on_nack,
+    PingReq: Membership._on_ping_req,
+    PushPull: Membership._on_push_pull,
+    Gossip: Membership._on_gossip,
+}

@@ -1,0 +1,96 @@
+"""``p2p simulate``: run one membership scenario in the deterministic simulator.
+
+The lead registers it with ``app.command("simulate")(simulate)``. Output carries no wall-clock
+values, so the same command prints byte-identical output; the wall time goes to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Optional
+
+import typer
+
+from p2p.gossip.config import PRESETS
+from p2p.sim.config import SimConfig
+from p2p.sim.engine import run
+from p2p.sim.invariants import InvariantViolation
+
+
+def _fail(text: str, code: int = 2) -> None:
+    typer.echo(f"error: {text}", err=True)
+    raise typer.Exit(code)
+
+
+def simulate(
+    peers: int = typer.Option(100, "--peers", help="Members at the start (member 0 is the seed)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the run; the same seed replays the same run."),
+    loss: float = typer.Option(0.0, "--loss", help="Message loss probability, in [0, 1)."),
+    delay_ms: float = typer.Option(5.0, "--delay-ms", help="One-way base latency in ms (plus up to 2 ms jitter)."),
+    crash: int = typer.Option(0, "--crash", help="Members crashed during the fault window (25%-50% of the run)."),
+    join: int = typer.Option(0, "--join", help="Members joining later through a random live member."),
+    leave: int = typer.Option(0, "--leave", help="Members leaving gracefully during the fault window."),
+    partition: Optional[float] = typer.Option(None, "--partition", help="Fraction of members cut off, in (0, 1)."),
+    partition_s: float = typer.Option(60.0, "--partition-s", help="How long the partition lasts (s)."),
+    duration_s: float = typer.Option(60.0, "--duration-s", help="Simulated seconds."),
+    preset: str = typer.Option("lan", "--config", help="Membership preset: lan, wan or local."),
+    warm_start: bool = typer.Option(False, "--warm-start", help="Start with every member knowing every other."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object and nothing else on stdout."),
+) -> None:
+    """Simulate SWIM/Lifeguard membership: convergence, failure detection, partitions."""
+    if preset not in PRESETS:
+        _fail(f"--config must be one of {', '.join(sorted(PRESETS))}, got {preset!r}")
+    try:
+        cfg = SimConfig(peers=peers, seed=seed, duration_s=duration_s, loss=loss, delay_ms=delay_ms,
+                        crash=crash, join=join, leave=leave, partition=partition, partition_s=partition_s,
+                        warm_start=warm_start, membership=PRESETS[preset]())
+    except ValueError as exc:
+        _fail(str(exc))
+    started = time.perf_counter()
+    try:
+        result = run(cfg)
+    except InvariantViolation as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1)
+    typer.echo(f"simulated {duration_s:g} s in {time.perf_counter() - started:.1f} s wall", err=True)
+    if as_json:
+        typer.echo(json.dumps(result, sort_keys=True))
+        return
+    typer.echo(format_table(result))
+
+
+def _fmt(v: object) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, dict):
+        return " ".join(f"{k}={_fmt(v[k])}" for k in ("mean", "p99", "max") if k in v)
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def format_table(r: dict) -> str:
+    rows = [
+        ("seed / peers", f"{r['seed']} / {r['peers']}"),
+        ("convergence", f"{_fmt(r['convergence_s'])} s ({_fmt(r['convergence_periods'])} periods)"),
+        ("detection (s)", _fmt(r["detection_s"]) + (f"  undetected={r['undetected']}" if r["undetected"] else "")),
+        ("false positives", _fmt(r["false_positives"])),
+        ("partition merge", f"{_fmt(r['partition_merge_s'])} s"),
+        ("msgs / member / s", _fmt(r["msgs_per_member_s"])),
+        ("bytes / member / s", _fmt(r["bytes_per_member_s"])),
+        ("live at end", f"{r['live_members_at_end']} (converged: {'yes' if r['converged_at_end'] else 'no'})"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def main() -> None:  # pragma: no cover - convenience entry point: python -m p2p.sim.cli
+    app = typer.Typer(add_completion=False)
+    app.command("simulate")(simulate)
+    app(args=["simulate", *sys.argv[1:]])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,49 @@
+"""Bytes a membership message would take on the wire, estimated cheaply.
+
+The first message of each type is really encoded with ``p2p.wire.encode`` (its record tuple
+emptied) to learn the fixed part; records are then added at their exact msgpack size when a
+message holds few of them, and at a per-shape average (measured from this run's own member ids
+and addresses) when it holds many, so a 10k-row PushPull costs O(1) to size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from p2p.gossip.messages import ALIVE, PushPull, record_size
+from p2p.wire import encode
+
+_EXACT_UP_TO = 16
+
+
+def _array_header(n: int) -> int:
+    return 0 if n < 16 else 2 if n < 65536 else 4
+
+
+class WireSize:
+    def __init__(self, ids: list[str], addrs: list[str]) -> None:
+        k = max(1, len(ids))
+        self.state_avg = sum(record_size((ALIVE, i, a, 0)) for i, a in zip(ids, addrs)) / k
+        self.update_avg = sum(record_size((ALIVE, i, a, 0, "")) for i, a in zip(ids, addrs)) / k
+        self._base: dict[type, int] = {}
+        self._src = addrs[0] if addrs else "0.0.0.0:0"
+
+    def _base_of(self, msg: object) -> tuple[int, str]:
+        t = type(msg)
+        field = "states" if t is PushPull else "updates" if hasattr(msg, "updates") else ""
+        base = self._base.get(t)
+        if base is None:
+            empty = dataclasses.replace(msg, **{field: ()}) if field else msg
+            base = self._base[t] = len(encode(empty, self._src)[0])
+        return base, field
+
+    def __call__(self, msg: object) -> int:
+        base, field = self._base_of(msg)
+        if not field:
+            return base
+        recs = getattr(msg, field)
+        n = len(recs)
+        if n <= _EXACT_UP_TO:
+            return base + _array_header(n) + sum(record_size(r) for r in recs)
+        avg = self.state_avg if field == "states" else self.update_avg
+        return base + _array_header(n) + int(n * avg)

@@ -1,0 +1,17 @@
+import time
+
+import pytest
+
+
+def wait_until(predicate, timeout_s, interval_s=0.2, what="condition"):
+    """Poll ``predicate`` until it returns something truthy; fail with ``what`` at the deadline.
+
+    Only for tests of real processes, where there is no clock to drive by hand."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)

@@ -1,0 +1,145 @@
+"""AD-PSGD pairwise gossip as a pure state machine, driven by hand with explicit time."""
+
+import random
+
+import numpy as np
+import pytest
+
+from p2p.averaging.adpsgd import AvgReply, AvgRequest, PairwiseGossip
+from p2p.averaging.base import AveragingConfig
+from p2p.protocol import RemoteProtocolError
+
+
+class ArrayPort:
+    """A ModelPort over a numpy vector; deltas apply immediately (as at a step boundary)."""
+
+    def __init__(self, values, key="m/4"):
+        self.x = np.asarray(values, dtype=np.float32).copy()
+        self.numel = self.x.size
+        self.model_key = key
+        self.step = 0
+
+    def snapshot(self):
+        return self.x.copy()
+
+    def add_delta(self, delta):
+        self.x += delta
+
+
+CFG = AveragingConfig(interval_s=0.1, exchange_timeout_s=1.0)
+
+
+def make(values, seed=0, key="m/4"):
+    port = ArrayPort(values, key)
+    return port, PairwiseGossip(CFG, port, random.Random(seed), now=0.0)
+
+
+def start_exchange(avg, now, neighbours):
+    sends = avg.tick(now, neighbours)
+    assert len(sends) == 1 and isinstance(sends[0].msg, AvgRequest)
+    return sends[0]
+
+
+def test_exchange_moves_both_to_the_average_and_preserves_the_mean():
+    pa, a = make([0, 0, 0, 0])
+    pb, b = make([4, 8, 12, 16])
+    req = start_exchange(a, 1.0, ["b"])
+    assert req.to == "b"
+    (rep,) = b.receive("a", req.msg, 1.01, ["a"])
+    assert rep.to == "a" and isinstance(rep.msg, AvgReply)
+    assert a.receive("b", rep.msg, 1.02, ["b"]) == []
+    np.testing.assert_allclose(pa.x, [2, 4, 6, 8])
+    np.testing.assert_allclose(pb.x, [2, 4, 6, 8])
+    assert a.stats["exchanges_completed"] == 1 and b.stats["requests_served"] == 1
+    assert not a.busy()
+
+
+def test_local_steps_during_an_exchange_are_kept_and_mean_still_preserved():
+    pa, a = make([0, 0, 0, 0])
+    pb, b = make([4, 4, 4, 4])
+    req = start_exchange(a, 1.0, ["b"])
+    pa.x += 1.0  # a local SGD step lands while the request is in flight
+    (rep,) = b.receive("a", req.msg, 1.01, ["a"])
+    a.receive("b", rep.msg, 1.02, ["b"])
+    np.testing.assert_allclose(pa.x, [3, 3, 3, 3])  # average (2) + own step (1)
+    np.testing.assert_allclose(pb.x, [2, 2, 2, 2])
+    assert pa.x.sum() + pb.x.sum() == pytest.approx(0 + 16 + 4)
+
+
+def test_concurrent_exchanges_through_a_shared_peer_preserve_the_mean():
+    ports, peers = zip(*(make(np.full(4, v), seed=i) for i, v in enumerate([0.0, 10.0, 20.0])))
+    total = sum(p.x.sum() for p in ports)
+    r0 = start_exchange(peers[0], 1.0, ["p1"])
+    r2 = start_exchange(peers[2], 1.0, ["p1"])
+    (rep0,) = peers[1].receive("p0", r0.msg, 1.01, [])
+    (rep2,) = peers[1].receive("p2", r2.msg, 1.01, [])
+    peers[2].receive("p1", rep2.msg, 1.02, [])
+    peers[0].receive("p1", rep0.msg, 1.03, [])
+    assert sum(p.x.sum() for p in ports) == pytest.approx(total)
+
+
+def test_no_reply_times_out_and_training_never_waits():
+    pa, a = make([1, 1, 1, 1])
+    start_exchange(a, 1.0, ["b"])
+    assert a.busy() and a.next_deadline() == pytest.approx(2.0)
+    assert a.tick(1.5, ["b"]) == []  # still waiting, sends nothing new
+    assert a.tick(2.0, ["b"]) == []
+    assert not a.busy() and a.stats["exchanges_timed_out"] == 1
+    np.testing.assert_allclose(pa.x, [1, 1, 1, 1])  # untouched
+
+
+def test_late_reply_after_timeout_is_dropped():
+    pa, a = make([0, 0, 0, 0])
+    pb, b = make([4, 4, 4, 4])
+    req = start_exchange(a, 1.0, ["b"])
+    (rep,) = b.receive("a", req.msg, 1.01, [])
+    a.tick(2.5, ["b"])  # timed out
+    assert a.receive("b", rep.msg, 2.6, ["b"]) == []
+    assert a.stats["late_replies"] == 1
+    np.testing.assert_allclose(pa.x, [0, 0, 0, 0])
+
+
+def test_reply_from_the_wrong_peer_is_dropped():
+    pa, a = make([0, 0, 0, 0])
+    req = start_exchange(a, 1.0, ["b"])
+    forged = AvgReply(req.msg.exchange, 0, "m/4", np.full(4, 100, dtype=np.float32))
+    assert a.receive("mallory", forged, 1.1, ["b"]) == []
+    np.testing.assert_allclose(pa.x, [0, 0, 0, 0])
+    assert a.busy()
+
+
+def test_no_neighbours_no_exchange():
+    _, a = make([0, 0, 0, 0])
+    assert a.tick(5.0, []) == []
+    assert not a.busy()
+
+
+@pytest.mark.parametrize("params, key, reason", [
+    (np.zeros(5, dtype=np.float32), "m/4", "bad_tensor"),
+    (np.zeros(4, dtype=np.float64), "m/4", "bad_tensor"),
+    (np.zeros(4, dtype=np.float32), "other/4", "wrong_model"),
+])
+def test_incompatible_params_are_rejected_and_model_untouched(params, key, reason):
+    pb, b = make([4, 4, 4, 4])
+    with pytest.raises(RemoteProtocolError) as info:
+        b.receive("a", AvgRequest(1, 0, key, params), 1.0, [])
+    assert info.value.reason == reason
+    np.testing.assert_allclose(pb.x, [4, 4, 4, 4])
+
+
+def test_random_gossip_converges_to_the_initial_mean():
+    rng = np.random.default_rng(0)
+    ports, peers = zip(*(make(rng.normal(size=4) * 10, seed=i) for i in range(6)))
+    names = [f"p{i}" for i in range(6)]
+    mean = np.mean([p.x for p in ports], axis=0)
+    now = 0.0
+    for _ in range(300):  # deliver each exchange instantly, peers in turn
+        now += 0.2
+        for i, peer in enumerate(peers):
+            others = [n for n in names if n != names[i]]
+            for send in peer.tick(now, others):
+                j = names.index(send.to)
+                for reply in peers[j].receive(names[i], send.msg, now, []):
+                    peer.receive(send.to, reply.msg, now, others)
+    for p in ports:
+        np.testing.assert_allclose(p.x, mean, atol=1e-4)

@@ -1,0 +1,74 @@
+"""`p2p start` answers every user error with one line naming the problem and a non-zero exit."""
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from p2p.swarm import free_ports
+
+pytestmark = pytest.mark.integration
+
+
+def run_start(*args, timeout=60):
+    proc = subprocess.run([sys.executable, "-m", "p2p", "start", *args], capture_output=True,
+                          text=True, timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr.strip().splitlines()
+
+
+def one_error_line(lines):
+    errors = [line for line in lines if line.startswith("p2p: error:")]
+    assert len(lines) == 1 and len(errors) == 1, lines
+    return errors[0]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--listen", "127.0.0.1:7000", "--bogus"], "No such option: --bogus"),
+    (["--join", "127.0.0.1:7001"], "Missing option '--listen'"),
+    (["--listen", "127.0.0.1"], "--listen"),
+    (["--listen", "127.0.0.1:99999"], "port must be 1..65535"),
+    (["--listen", "0.0.0.0:7000"], "needs --advertise"),
+    (["--listen", "127.0.0.1:7000", "--join", "nohost"], "--join"),
+    (["--listen", "127.0.0.1:7000", "--shard", "5/4"], "--shard"),
+    (["--listen", "127.0.0.1:7000", "--steps", "0"], "--steps"),
+    (["--listen", "127.0.0.1:7000", "--seed", "abc"], "Invalid value for '--seed'"),
+    (["--listen", "127.0.0.1:7000", "--task", "no_such_module:Task"], "cannot import module 'no_such_module'"),
+    (["--listen", "127.0.0.1:7000", "--task", "nodes.synthetic:Nope"], "has no attribute 'Nope'"),
+    (["--listen", "127.0.0.1:7000", "--task", "mnist"], "unknown task 'mnist'"),
+    (["--listen", "127.0.0.1:7000", "--device", "cuda:0"], "CUDA is not available"),
+])
+def test_bad_flags_and_task_specs(args, needle):
+    if "--device" in args:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    code, out, err = run_start(*args)
+    assert code == 2
+    assert needle in one_error_line(err)
+
+
+def test_port_in_use():
+    (port,) = free_ports(1)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    try:
+        code, _, err = run_start("--listen", f"127.0.0.1:{port}")
+    finally:
+        holder.close()
+    assert code == 1
+    assert "address already in use" in one_error_line(err)
+
+
+def test_join_address_that_never_answers_gives_up_after_the_timeout():
+    listen, silent = free_ports(2)
+    t0 = time.monotonic()
+    code, _, err = run_start("--listen", f"127.0.0.1:{listen}", "--join", f"127.0.0.1:{silent}",
+                             "--join-timeout", "2")
+    elapsed = time.monotonic() - t0
+    assert code == 1
+    line = one_error_line([l for l in err if "WARNING" not in l])
+    assert "no --join peer answered within 2s" in line and f"127.0.0.1:{silent}" in line
+    assert elapsed >= 2.0  # it kept retrying for the whole timeout
