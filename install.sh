@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Install p2p and its dependencies into the current Python environment.
+# torch goes in first, pinned to the CPU build 2.13.0 when no torch is present: an unpinned
+# requirement would pull several GB of CUDA packages. An existing torch is kept as it is.
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON="${PYTHON:-python3}"
+if ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
+  "$PYTHON" -m pip install --quiet --root-user-action=ignore "torch==2.13.0"
+fi
+"$PYTHON" -m pip install --quiet --root-user-action=ignore -e ".[test]"
+"$PYTHON" -c "import torch, zmq, msgpack, typer; print(f'p2p installed: torch {torch.__version__}, pyzmq {zmq.__version__}')"
