@@ -13,9 +13,12 @@ import time
 from collections import Counter
 from typing import Callable
 
+import zmq
+
 from p2p.control import StateReply, StateRequest, StatusReply, StatusRequest
 from p2p.peer import Peer
 from p2p.protocol import RemoteProtocolError, Send
+from p2p.step_hooks import StepHooks
 from p2p.transport import Transport
 from p2p.wire import DEFAULT_LIMITS, Limits, decode, encode
 
@@ -25,7 +28,8 @@ log = logging.getLogger("p2p.driver")
 class NetworkDriver:
     def __init__(self, transport: Transport, peer: Peer, advertise: str,
                  status_info: Callable[[], dict], state_reply: Callable[[], StateReply],
-                 shutdown_grace_s: float, limits: Limits = DEFAULT_LIMITS) -> None:
+                 shutdown_grace_s: float, hooks: StepHooks | None = None,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
         self.transport = transport
         self.peer = peer
         self.advertise = advertise
@@ -33,6 +37,9 @@ class NetworkDriver:
         self.state_reply = state_reply
         self.limits = limits
         self.shutdown_grace_s = shutdown_grace_s  # how long shutdown waits for an exchange in flight
+        self.hooks = hooks
+        if hooks is not None:  # the trainer's hook posts wake the loop at once
+            transport.poller.register(hooks.wake_socket, zmq.POLLIN)
         self.rejected: Counter[str] = Counter()
         self.stop_requested = threading.Event()
         self.finished = threading.Event()
@@ -72,8 +79,13 @@ class NetworkDriver:
             for identity, frames in self.transport.receive(timeout):
                 self._handle(identity, frames)
             now = time.monotonic()
+            if self.hooks is not None:
+                self._send_all(self.hooks.service(self.peer.averager, now, self.peer.neighbours))
             if now >= self.peer.next_deadline():
                 self._send_all(self.peer.tick(now))
+        if self.hooks is not None:
+            self.hooks.release()  # a trainer waiting on a gate goes on (and sees the stop)
+            self.transport.poller.unregister(self.hooks.wake_socket)
         self._send_all(self.peer.membership.leave(time.monotonic()))
         self.transport.close(linger_s=0.5)  # give the leave announcements a moment to go out
 

@@ -36,10 +36,14 @@ class FlatParams:
             raise ValueError(f"need float32 parameters on one device, got {dtypes} on {devices}")
         self.device = params[0].device
         self.buffer = torch.cat([p.detach().reshape(-1) for p in params])
+        # Gradients live in one flat buffer too (backward accumulates into the views in place),
+        # so gradient-exchanging algorithms read and replace them in one operation.
+        self.grad = torch.zeros_like(self.buffer)
         offset = 0
         for p in params:
             n = p.numel()
             p.data = self.buffer[offset:offset + n].view_as(p)
+            p.grad = self.grad[offset:offset + n].view_as(p)
             offset += n
         self.numel = offset
         self.lock = threading.Lock()  # guards buffer writes and the pending sum
@@ -74,6 +78,21 @@ class FlatParams:
             self.buffer.add_(torch.from_numpy(pending).to(self.device))
             self._pending, self._pending_count = None, 0
         return count
+
+    def zero_grad(self) -> None:
+        """Zero the flat gradient in place (optimizer.zero_grad(set_to_none=True) would
+        detach the parameters' gradients from it)."""
+        self.grad.zero_()
+
+    def gradient(self) -> np.ndarray:
+        """A float32 host copy of the current flat gradient."""
+        return self.grad.detach().to("cpu", copy=True).numpy()
+
+    def set_gradient(self, grad: np.ndarray) -> None:
+        """Replace the flat gradient (while the trainer waits between backward and step)."""
+        if grad.shape != (self.numel,):
+            raise ValueError(f"gradient of shape {grad.shape}, model has {self.numel} parameters")
+        self.grad.copy_(torch.from_numpy(np.ascontiguousarray(grad, dtype=np.float32)))
 
     def load(self, values: np.ndarray) -> None:
         """Overwrite the parameters (training thread only, e.g. from a checkpoint)."""

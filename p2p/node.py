@@ -29,6 +29,7 @@ from p2p.driver import NetworkDriver
 from p2p.flat import FlatParams
 from p2p.membership_factory import MembershipConfig, make_membership
 from p2p.peer import Peer
+from p2p.step_hooks import StepHooks
 from p2p.task import Shard, Task
 from p2p.topology import full
 from p2p.trainer import TrainingLoop, TrainingState
@@ -89,6 +90,8 @@ class _ModelPort:
         self.numel = flat.numel
         self.snapshot = flat.snapshot
         self.add_delta = flat.add_delta
+        self.gradient = flat.gradient
+        self.set_gradient = flat.set_gradient
 
     @property
     def step(self) -> int:
@@ -109,18 +112,19 @@ class Node:
         self.optimizer = task.make_optimizer(self.model.parameters())
         seed = peer_seed(config.seed, config.id)
         torch.manual_seed(seed)  # per-peer randomness (dropout etc.) from here on
-        self.loop = TrainingLoop(task, self.model, self.flat, self.optimizer,
-                                 task.train_batches(config.shard, seed), self.device, self.state,
-                                 config.eval_every_s, config.slowdown)
         self.port = _ModelPort(self.flat, self.state, f"{task.name}/{self.flat.numel}")
         now = time.monotonic()
         rng = random.Random(seed)
         membership = make_membership(config.membership, config.id, config.advertise, rng, now)
         averager = PairwiseGossip(config.averaging, self.port, rng, now)
         self.peer = Peer(config.advertise, membership, averager, full)
+        self.hooks = StepHooks(averager, gate_timeout_s=3 * config.averaging.exchange_timeout_s)
+        self.loop = TrainingLoop(task, self.model, self.flat, self.optimizer,
+                                 task.train_batches(config.shard, seed), self.device, self.state,
+                                 config.eval_every_s, config.slowdown, self.hooks)
         self.transport = Transport(config.transport, config.listen)  # raises TransportError
         self.driver = NetworkDriver(self.transport, self.peer, config.advertise, self.status_info,
-                                    self._state_reply, config.averaging.exchange_timeout_s)
+                                    self._state_reply, config.averaging.exchange_timeout_s, self.hooks)
 
     # -- queries answered by the network thread ------------------------------------------
     def status_info(self) -> dict[str, Any]:
@@ -160,6 +164,8 @@ class Node:
         finally:
             self.state.phase = "stopping"
             self.driver.stop(timeout_s=cfg.averaging.exchange_timeout_s + 2.0)
+            self.hooks.close_trainer_side()
+            self.hooks.close()
             self.flat.apply_pending()  # the network thread is gone: deltas it queued land now
             self.state.phase = "stopped"
         if self.driver.error is not None:

@@ -17,6 +17,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from p2p.flat import FlatParams
+from p2p.step_hooks import StepHooks
 
 
 @dataclass
@@ -40,8 +41,9 @@ def to_device(batch: tuple, device: torch.device) -> tuple:
 class TrainingLoop:
     def __init__(self, task: Any, model: torch.nn.Module, flat: FlatParams, optimizer: Any,
                  batches: Iterator[tuple], device: torch.device, state: TrainingState,
-                 eval_every_s: float = 2.0, slowdown: float = 1.0) -> None:
+                 eval_every_s: float = 2.0, slowdown: float = 1.0, hooks: Optional[StepHooks] = None) -> None:
         self.task, self.model, self.flat, self.optimizer = task, model, flat, optimizer
+        self.hooks = hooks  # the averager's step hooks; None when training alone
         self.batches, self.device, self.state = batches, device, state
         self.eval_every_s = eval_every_s
         # Test-only straggler knob: each step takes `slowdown` times as long (sleeps the rest).
@@ -55,13 +57,23 @@ class TrainingLoop:
         self.state.eval_loss = float(metrics.get("loss", math.nan))
 
     def step(self) -> float:
+        """One local step; the averager's hooks may gate it (see p2p/averaging/base.py)."""
+        k = self.state.step + 1
+        hooks = self.hooks
         self.state.deltas_applied += self.flat.apply_pending()
+        if hooks is not None and hooks.gates_steps:
+            hooks.before_step(k)
+            self.state.deltas_applied += self.flat.apply_pending()  # e.g. the round just mixed
         batch = to_device(next(self.batches), self.device)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.flat.zero_grad()
         loss = self.task.loss(self.model, batch)
         loss.backward()
+        if hooks is not None:
+            hooks.gradient(k)
         with self.flat.lock:
             self.optimizer.step()
+        if hooks is not None:
+            hooks.after_step(k)
         return float(loss.detach())
 
     def run(self, stop: threading.Event, steps: Optional[int], duration_s: Optional[float]) -> None:

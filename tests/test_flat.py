@@ -69,3 +69,18 @@ def test_snapshot_includes_queued_deltas_so_concurrent_mixes_stay_convex():
     flat.add_delta((b - mid) * 0.5)
     assert flat.apply_pending() == 2
     np.testing.assert_allclose(flat.snapshot(), ((x + 1.0) + b) / 2, rtol=1e-5, atol=1e-6)
+
+
+def test_backward_accumulates_into_the_flat_gradient():
+    m = model()
+    flat = FlatParams(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for _ in range(2):  # the views must survive zero_grad + backward + step
+        flat.zero_grad()
+        m(torch.ones(2, 3)).sum().backward()
+        expected = torch.cat([p.grad.reshape(-1) for p in m.parameters()])
+        assert torch.equal(flat.grad, expected) and flat.grad.abs().sum() > 0
+        opt.step()
+    grad = flat.gradient()
+    flat.set_gradient(np.zeros_like(grad))
+    assert all(float(p.grad.abs().sum()) == 0 for p in m.parameters())

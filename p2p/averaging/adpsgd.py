@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AveragingConfig, ModelPort, check_params
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.wire import message
 
@@ -57,7 +57,7 @@ class _InFlight:
     deadline: float
 
 
-class PairwiseGossip:
+class PairwiseGossip(AsynchronousHooks):
     """AD-PSGD pairwise averaging (module docstring)."""
 
     name = "adpsgd"

@@ -18,26 +18,56 @@ from p2p.protocol import RemoteProtocolError, Send
 
 
 class ModelPort(Protocol):
-    """What an averaging algorithm may do to the local model."""
+    """What an averaging algorithm may do to the local model (all thread-safe)."""
 
     numel: int  # parameters in the flat vector
     model_key: str  # identifies the task/model; peers with another key are rejected
 
-    def snapshot(self) -> np.ndarray:  # a float32 copy of the current parameters
-        ...
+    def snapshot(self) -> np.ndarray:
+        """A float32 copy of the current parameters (queued deltas included)."""
 
-    def add_delta(self, delta: np.ndarray) -> None:  # x += delta (applied at a step boundary)
-        ...
+    def add_delta(self, delta: np.ndarray) -> None:
+        """x += delta, applied by the trainer at its next step boundary."""
 
     @property
-    def step(self) -> int:  # local optimizer steps taken so far
-        ...
+    def step(self) -> int:
+        """Local optimizer steps completed so far."""
+
+    def gradient(self) -> np.ndarray:
+        """A float32 copy of this step's flat gradient (only between ``on_gradient`` and the
+        optimizer step, for algorithms with ``wants_gradient``)."""
+
+    def set_gradient(self, grad: np.ndarray) -> None:
+        """Replace this step's flat gradient before the optimizer step is taken."""
 
 
 class Averager(Protocol):
-    """Sans-I/O averaging state machine (see p2p/protocol.py)."""
+    """Sans-I/O averaging state machine (see p2p/protocol.py), one per peer.
+
+    The driver calls, for every peer message of a type in ``MESSAGES``, ``receive``; on its
+    timer, ``tick``. Around each local training step the trainer (through the driver, on the
+    network thread) calls the step hooks, in this order for step k = 1, 2, ...:
+
+        may_step(k, now)       -> False makes the trainer wait before computing step k (a round
+                                  barrier: D-PSGD, DiLoCo's outer sync). It must turn True by
+                                  itself through receive()/tick() within a bounded time
+                                  (timeouts drop missing partners), so no peer waits forever.
+        on_gradient(k, now, n) -> only if ``wants_gradient``: the gradient of step k is
+                                  ready (``port.gradient()``); send it to partners.
+        gradient_ready(k, now) -> only if ``wants_gradient``: False makes the trainer wait;
+                                  when True the algorithm has called ``port.set_gradient``
+                                  (or decided to keep the local one).
+        after_step(k, now, n)  -> step k's optimizer update is applied; send what the
+                                  algorithm sends per step (D-PSGD round k, push-sum share).
+
+    ``n`` is the current neighbour list (addresses, from the topology over live members).
+    Asynchronous algorithms (AD-PSGD, elastic gossip) return True / [] from all hooks and
+    work from ``tick`` only. Hooks never block; waiting is the trainer's job.
+    """
 
     name: str
+    MESSAGES: tuple[type, ...]
+    wants_gradient: bool
     stats: dict[str, int]
 
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]: ...
@@ -46,8 +76,34 @@ class Averager(Protocol):
 
     def next_deadline(self) -> float: ...
 
-    def busy(self) -> bool:  # an exchange is in flight (shutdown waits for it, bounded)
-        ...
+    def busy(self) -> bool:
+        """An exchange is in flight (shutdown waits for it, bounded by its timeout)."""
+
+    def may_step(self, step: int, now: float) -> bool: ...
+
+    def on_gradient(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]: ...
+
+    def gradient_ready(self, step: int, now: float) -> bool: ...
+
+    def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]: ...
+
+
+class AsynchronousHooks:
+    """Step hooks of an algorithm that never makes training wait (mix in, then override tick)."""
+
+    wants_gradient = False
+
+    def may_step(self, step: int, now: float) -> bool:
+        return True
+
+    def on_gradient(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
+        return []
+
+    def gradient_ready(self, step: int, now: float) -> bool:
+        return True
+
+    def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
+        return []
 
 
 @dataclass(frozen=True)

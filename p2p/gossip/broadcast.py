@@ -6,12 +6,13 @@ transmitted ones, the newest first; every update taken counts one transmission a
 once it has been sent ``limit`` times (``retransmit_limit``: lambda * ceil(log10(N + 1))).
 
 Items live in buckets indexed by transmit count; each bucket is an insertion-ordered dict, so
-"newest first" is a reversed walk. Cost per ``take`` is proportional to what it returns.
+"newest first" is a reversed walk. Cost per ``take`` is proportional to what it returns (plus at most ``_MAX_SKIPS``).
 """
 
 from __future__ import annotations
 
 _MIN_RECORD = 12  # no record is smaller than this many bytes: stop filling below it
+_MAX_SKIPS = 8  # updates too big for the space left that we step over before giving up
 
 
 class BroadcastQueue:
@@ -44,16 +45,18 @@ class BroadcastQueue:
         """Updates whose encoded sizes fit in ``budget`` bytes; each counts one transmission."""
         out: list[tuple] = []
         taken: list[tuple[str, list]] = []
+        skips = _MAX_SKIPS
         for bucket in self._buckets:
-            if budget < _MIN_RECORD:
+            if budget < _MIN_RECORD or not skips:
                 break
             if not bucket:
                 continue
             for node_id in reversed(bucket):
                 item = bucket[node_id]
                 size = item[1]
-                if size > budget:
-                    if budget < _MIN_RECORD:
+                if size > budget:  # look a little further for a smaller one, then give up
+                    skips -= 1
+                    if budget < _MIN_RECORD or not skips:
                         break
                     continue
                 budget -= size

@@ -350,9 +350,13 @@ class Membership:
     # ------------------------------------------------------------------ state changes
 
     def _apply_updates(self, updates: tuple, now: float) -> None:
+        members, me = self._members, self.node_id
         for u in updates:
             kind = u[0]
             if kind == ALIVE:
+                cur = members.get(u[1])
+                if cur is not None and u[3] <= cur[3] and u[1] != me:
+                    continue  # old news: the common case, kept off the slow path
                 self._on_alive(u, now, True)
             elif kind == SUSPECT:
                 self._on_suspect(u, now)

@@ -1,0 +1,117 @@
+"""The trainer's side of the averager's step hooks (p2p/averaging/base.py, ``Averager``).
+
+The averager lives on the network thread; the trainer must not call it directly. Instead the
+trainer posts hook requests here and, for the gating hooks (``may_step``, ``gradient_ready``),
+waits on an event the network thread sets once the averager says go. Each post also wakes the
+network thread at once through an inproc ZeroMQ socket, so a synchronous round does not wait
+for the network loop's poll timeout.
+
+Asynchronous algorithms declare nothing to gate (``gates_steps`` False, ``wants_gradient``
+False): the trainer then only posts ``after_step`` and never waits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from typing import Callable, Sequence
+
+import zmq
+
+from p2p.averaging.base import AsynchronousHooks
+from p2p.protocol import Send
+
+_ids = itertools.count()
+
+
+class StepHooks:
+    def __init__(self, averager: object, gate_timeout_s: float, context: zmq.Context | None = None) -> None:
+        self.gates_steps = bool(getattr(averager, "gates_steps", False))
+        self.wants_gradient = bool(getattr(averager, "wants_gradient", False))
+        # Algorithms that inherit the no-op after_step are not woken once per training step.
+        self.posts_after_step = type(averager).after_step is not AsynchronousHooks.after_step
+        self.gate_timeout_s = gate_timeout_s  # safety net: the averager's own timeouts come first
+        self.gate_timeouts = 0  # times the trainer went on without the averager's go-ahead
+        self._context = context or zmq.Context.instance()
+        self._endpoint = f"inproc://p2p-step-hooks-{next(_ids)}"
+        self.wake_socket = self._context.socket(zmq.PULL)  # polled by the network thread
+        self.wake_socket.setsockopt(zmq.LINGER, 0)
+        self.wake_socket.bind(self._endpoint)
+        self._push: zmq.Socket | None = None  # created on, and used only by, the trainer thread
+        self._requests: deque[tuple[str, int]] = deque()
+        self._waiting: tuple[str, int] | None = None  # gate the trainer is blocked on
+        self._go = threading.Event()
+
+    # -- trainer thread -----------------------------------------------------------------
+    def _post(self, kind: str, step: int) -> None:
+        self._requests.append((kind, step))
+        if self._push is None:
+            self._push = self._context.socket(zmq.PUSH)
+            self._push.setsockopt(zmq.LINGER, 0)
+            self._push.setsockopt(zmq.SNDHWM, 1)  # one pending wake-up is enough
+            self._push.connect(self._endpoint)
+        try:
+            self._push.send(b"", zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # a wake-up is already queued
+
+    def _wait(self, kind: str, step: int) -> None:
+        self._go.clear()
+        self._post(kind, step)
+        if not self._go.wait(self.gate_timeout_s):
+            self.gate_timeouts += 1
+
+    def before_step(self, step: int) -> None:
+        if self.gates_steps:
+            self._wait("may_step", step)
+
+    def gradient(self, step: int) -> None:
+        if self.wants_gradient:
+            self._wait("on_gradient", step)
+
+    def after_step(self, step: int) -> None:
+        if self.posts_after_step:
+            self._post("after_step", step)
+
+    def close_trainer_side(self) -> None:
+        if self._push is not None:
+            self._push.close(linger=0)
+            self._push = None
+
+    # -- network thread -----------------------------------------------------------------
+    def service(self, averager: object, now: float, neighbours_of: Callable[[], Sequence[str]]) -> list[Send]:
+        """Run posted hooks and re-check the gate the trainer waits on. Returns sends."""
+        while True:
+            try:
+                self.wake_socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        sends: list[Send] = []
+        if not self._requests and self._waiting is None:
+            return sends
+        neighbours = neighbours_of()
+        while self._requests:
+            kind, step = self._requests.popleft()
+            if kind == "after_step":
+                sends += averager.after_step(step, now, neighbours)
+            elif kind == "may_step":
+                self._waiting = ("may_step", step)
+            elif kind == "on_gradient":
+                sends += averager.on_gradient(step, now, neighbours)
+                self._waiting = ("gradient_ready", step)
+        if self._waiting is not None:
+            kind, step = self._waiting
+            ready = averager.may_step(step, now) if kind == "may_step" else averager.gradient_ready(step, now)
+            if ready:
+                self._waiting = None
+                self._go.set()
+        return sends
+
+    def release(self) -> None:
+        """Shutdown: let a waiting trainer go."""
+        self._waiting = None
+        self._go.set()
+
+    def close(self) -> None:
+        self.wake_socket.close(linger=0)

@@ -1,0 +1,58 @@
+"""`p2p demo --json` and `p2p status` as a user runs them: real processes, real ZeroMQ."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from p2p.swarm import LocalSwarm
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_demo_json_summary_matches_the_reference(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "p2p", "demo", "--peers", "3", "--steps", "400", "--seed", "1", "--json"],
+        capture_output=True, text=True, timeout=240, env={**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)  # stdout holds exactly one JSON object
+    assert set(summary) == {"peers", "consensus_distance", "reference_accuracy", "wall_s",
+                            "algorithm", "topology", "task"}
+    assert summary["task"] == "synthetic" and summary["algorithm"] == "adpsgd"
+    assert len(summary["peers"]) == 3
+    for peer in summary["peers"]:
+        assert set(peer) == {"id", "steps", "loss", "accuracy", "bytes_sent", "bytes_received"}
+        assert peer["steps"] == 400
+        assert abs(peer["accuracy"] - summary["reference_accuracy"]) <= 0.02, summary
+        assert peer["bytes_sent"] > 0 and peer["bytes_received"] > 0
+    assert 0.7 < summary["reference_accuracy"] < 0.95
+    assert summary["consensus_distance"] < 1e-2
+    assert (tmp_path / "p2p" / "reference.json").exists()  # cached for the next run
+
+
+def test_status_prints_the_member_table(tmp_path):
+    args = ["--task", "synthetic", "--log-every", "0", "--linger", "-1"]
+    with LocalSwarm(2, tmp_path, args) as swarm:
+        swarm.start()
+        wait_until(lambda: (s := swarm.status(1)) and len(s["members"]) == 2, 60, what="peers to meet")
+        out = subprocess.run([sys.executable, "-m", "p2p", "status", "--peer", swarm.addrs[1], "--json"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        info = json.loads(out.stdout)
+        assert {m["addr"] for m in info["members"]} == set(swarm.addrs)
+        assert all(m["state"] == "alive" for m in info["members"])
+        table = subprocess.run([sys.executable, "-m", "p2p", "status", "--peer", swarm.addrs[0]],
+                               capture_output=True, text=True, timeout=60)
+        assert table.returncode == 0 and swarm.addrs[1] in table.stdout and "alive" in table.stdout
+
+
+def test_status_of_a_silent_address_is_one_line_and_non_zero():
+    from p2p.swarm import free_ports
+
+    (port,) = free_ports(1)
+    out = subprocess.run([sys.executable, "-m", "p2p", "status", "--peer", f"127.0.0.1:{port}", "--timeout", "0.5"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [f"p2p: error: no answer from 127.0.0.1:{port} within 0.5s (is a node running there?)"]

@@ -1,0 +1,85 @@
+"""StepHooks: the trainer waits on the averager's gates, served by another thread."""
+
+import threading
+
+from p2p.averaging.base import AsynchronousHooks
+from p2p.protocol import Send
+
+
+class GatedAverager(AsynchronousHooks):
+    gates_steps = True
+    wants_gradient = True
+
+    def __init__(self):
+        self.open_step = 0
+        self.calls = []
+
+    def may_step(self, step, now):
+        self.calls.append(("may_step", step))
+        return step <= self.open_step
+
+    def on_gradient(self, step, now, neighbours):
+        self.calls.append(("on_gradient", step))
+        return [Send("peer:1", ("grad", step))]
+
+    def gradient_ready(self, step, now):
+        return True
+
+    def after_step(self, step, now, neighbours):
+        self.calls.append(("after_step", step))
+        return [Send("peer:1", ("step", step))]
+
+
+def serve_once(hooks, averager, sent):
+    """What the network thread does when woken: wait for a post, then service it."""
+    assert hooks.wake_socket.poll(5000), "the trainer's post never woke the network side"
+    sent += hooks.service(averager, 0.0, lambda: ["peer:1"])
+
+
+def test_trainer_waits_for_the_gate_and_hooks_run_on_the_serving_side():
+    from p2p.step_hooks import StepHooks
+
+    averager = GatedAverager()
+    hooks = StepHooks(averager, gate_timeout_s=30)
+    sent = []
+    trainer = threading.Thread(target=lambda: (hooks.before_step(1), hooks.gradient(1), hooks.after_step(1)))
+    trainer.start()
+    serve_once(hooks, averager, sent)
+    assert trainer.is_alive() and averager.calls == [("may_step", 1)]  # gate closed: it waits
+    averager.open_step = 1
+    sent += hooks.service(averager, 0.0, lambda: ["peer:1"])  # e.g. after the round's messages
+    serve_once(hooks, averager, sent)  # on_gradient
+    serve_once(hooks, averager, sent)  # after_step
+    trainer.join(10)
+    assert not trainer.is_alive()
+    assert [s.msg for s in sent] == [("grad", 1), ("step", 1)]
+    assert hooks.gate_timeouts == 0
+    hooks.close_trainer_side()
+    hooks.close()
+
+
+def test_gate_timeout_is_a_safety_net_not_a_hang():
+    from p2p.step_hooks import StepHooks
+
+    averager = GatedAverager()  # never opens, and nobody serves
+    hooks = StepHooks(averager, gate_timeout_s=0.2)
+    hooks.before_step(1)
+    assert hooks.gate_timeouts == 1
+    hooks.close_trainer_side()
+    hooks.close()
+
+
+def test_asynchronous_averagers_cost_the_trainer_nothing():
+    from p2p.step_hooks import StepHooks
+
+    class Async(AsynchronousHooks):
+        pass
+
+    hooks = StepHooks(Async(), gate_timeout_s=5)
+    assert not hooks.gates_steps and not hooks.wants_gradient and not hooks.posts_after_step
+    hooks.before_step(1)
+    hooks.gradient(1)
+    hooks.after_step(1)
+    assert hooks.service(Async(), 0.0, lambda: []) == []
+    hooks.close_trainer_side()
+    hooks.close()
