@@ -19,7 +19,7 @@ from p2p.control import StateReply, StateRequest, StatusReply, StatusRequest
 from p2p.peer import Peer
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.step_hooks import StepHooks
-from p2p.transport import Transport
+from p2p.transport import Incoming, Transport
 from p2p.wire import DEFAULT_LIMITS, Limits, decode, encode
 
 log = logging.getLogger("p2p.driver")
@@ -44,6 +44,7 @@ class NetworkDriver:
         self.stop_requested = threading.Event()
         self.finished = threading.Event()
         self.error: BaseException | None = None
+        self._next_housekeeping = 0.0
         self._thread = threading.Thread(target=self._run, name="p2p-network", daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -76,9 +77,13 @@ class NetworkDriver:
                 if not self.peer.averager.busy() or now >= shutdown_deadline:
                     break
             timeout = min(max(self.peer.next_deadline() - now, 0.0), 0.05)
-            for identity, frames in self.transport.receive(timeout):
-                self._handle(identity, frames)
+            for incoming in self.transport.receive(timeout, now):
+                self._handle(incoming)
+                self.transport.done(incoming)
             now = time.monotonic()
+            if now >= self._next_housekeeping:
+                self.transport.housekeeping(now, self.peer.neighbours())
+                self._next_housekeeping = now + 1.0
             if self.hooks is not None:
                 self._send_all(self.hooks.service(self.peer.averager, now, self.peer.neighbours))
             if now >= self.peer.next_deadline():
@@ -89,15 +94,17 @@ class NetworkDriver:
         self._send_all(self.peer.membership.leave(time.monotonic()))
         self.transport.close(linger_s=0.5)  # give the leave announcements a moment to go out
 
-    def _handle(self, identity: bytes, frames: list) -> None:
+    def _handle(self, incoming: Incoming) -> None:
         now = time.monotonic()
         try:
-            src, msg = decode(frames, self.limits)
+            if incoming.error is not None:
+                raise incoming.error
+            src, msg = decode(incoming.frames, self.limits)
             if isinstance(msg, StatusRequest):
-                self.transport.reply(identity, encode(StatusReply(self.status_info()), self.advertise))
+                self.transport.reply(incoming.identity, encode(StatusReply(self.status_info()), self.advertise))
                 return
             if isinstance(msg, StateRequest):
-                self.transport.reply(identity, encode(self.state_reply(), self.advertise))
+                self.transport.reply(incoming.identity, encode(self.state_reply(), self.advertise))
                 return
             sends = self.peer.receive(src, msg, now)
         except RemoteProtocolError as exc:

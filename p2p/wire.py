@@ -219,6 +219,22 @@ def _decode_tensor(name: str, tspec: Any, buf: memoryview, limits: Limits) -> np
     if buf.nbytes != expected:
         raise RemoteProtocolError("bad_tensor", f"{name}: {buf.nbytes} bytes for shape {shape} {dtype_name}")
     arr = np.frombuffer(buf, dtype=dtype).reshape(shape)  # zero-copy, read-only view
-    if limits.check_finite and dtype.kind in _FLOAT_KINDS and arr.size and not np.isfinite(arr).all():
+    if limits.check_finite and dtype.kind in _FLOAT_KINDS and arr.size and not all_finite(arr):
         raise RemoteProtocolError("non_finite", f"{name} carries NaN or Inf")
     return arr
+
+
+def all_finite(arr: np.ndarray) -> bool:
+    """True iff no element is NaN or Inf.
+
+    Fast path: a NaN or Inf anywhere makes the (BLAS, SIMD) dot product x.x NaN or Inf, so a
+    finite dot proves every element finite at ~2x the speed of ``isfinite(x).all()``, which
+    matters on the receive path of model-sized tensors. A non-finite dot (a real NaN, or an
+    overflow from huge but finite values) falls back to the exact check.
+    """
+    flat = arr.reshape(-1)
+    if flat.dtype in (np.float32, np.float64):
+        with np.errstate(over="ignore", invalid="ignore"):
+            if np.isfinite(np.dot(flat, flat)):
+                return True
+    return bool(np.isfinite(flat).all())

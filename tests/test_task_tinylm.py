@@ -32,7 +32,7 @@ def test_satisfies_protocol_and_loads_by_name(task):
 
 def test_corpus_is_cached_and_split(task):
     train, heldout = load_corpus()
-    assert load_corpus() is load_corpus()
+    assert load_corpus() is load_corpus() and task._corpus() is load_corpus()
     assert train.dtype == heldout.dtype == torch.uint8
     assert len(train) > 1_000_000 and len(heldout) > 50_000
     assert b"def " in bytes(train[:200_000].tolist())

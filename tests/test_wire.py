@@ -143,3 +143,22 @@ def test_message_validation_runs_on_decode():
 def test_unsendable_dtype_is_a_local_error():
     with pytest.raises(LocalProtocolError):
         encode(AvgRequest(1, 1, "k", np.array(["a"], dtype=object)), "a:1")
+
+
+@pytest.mark.parametrize("values, finite", [
+    ([1.0, -2.0, 3.0], True),
+    ([1e30, 1e30], True),  # the fast path overflows; the exact check must still accept
+    ([1.0, np.nan], False),
+    ([np.inf, 1.0], False),
+    ([-np.inf, -np.inf], False),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_all_finite(values, finite, dtype):
+    from p2p.wire import all_finite
+
+    with np.errstate(over="ignore"):
+        arr = np.array(values, dtype=dtype)
+    expected = bool(np.isfinite(arr).all())  # float16 turns 1e30 into inf
+    assert all_finite(arr) == expected
+    if dtype is not np.float16:
+        assert expected == finite

@@ -16,6 +16,13 @@ not an overwrite). Both ends move to the average of the two snapshots.
 Failure: the exchange is not atomic under message loss. If the reply is lost or arrives after
 the timeout, j has moved and i has not; the mean drifts by (s_i - s_j) / 2n for that one
 exchange, which later exchanges mix away. Training never waits on any of this.
+
+Staleness (``staleness_aware``, off by default): each end scales its half by
+``staleness_weight(own step, partner step)``, so a partner whose model is older moves us less.
+The exchange is then no longer zero-sum (the fresher end keeps more of itself).
+
+Subclasses (elastic gossip) change the mixing fraction and the message types through
+``_request``, ``_reply`` and ``_fraction``; the state machine stays this one.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params, staleness_weight
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.wire import message
 
@@ -61,7 +68,8 @@ class PairwiseGossip(AsynchronousHooks):
     """AD-PSGD pairwise averaging (module docstring)."""
 
     name = "adpsgd"
-    MESSAGES = (AvgRequest, AvgReply)
+    natural_topology = "full"
+    MESSAGES: tuple[type, ...] = (AvgRequest, AvgReply)
 
     def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float) -> None:
         self.config = config
@@ -75,6 +83,29 @@ class PairwiseGossip(AsynchronousHooks):
 
     def busy(self) -> bool:
         return self._in_flight is not None
+
+    def topology_round(self) -> int:
+        return self._next_exchange  # a time-varying topology rotates partners per exchange
+
+    # -- what subclasses change ---------------------------------------------------------------
+    def _request(self, exchange: int, snapshot: np.ndarray) -> object:
+        return AvgRequest(exchange, self.port.step, self.port.model_key, snapshot)
+
+    def _reply(self, request: object, snapshot: np.ndarray) -> object:
+        return AvgReply(request.exchange, self.port.step, self.port.model_key, snapshot)
+
+    def _fraction(self, request: object) -> float:
+        """How far each end moves towards the other (checked on the request for the passive end)."""
+        return 0.5
+
+    def _own_fraction(self) -> float:
+        """The fraction the active end applies on the reply (must match what it requested)."""
+        return 0.5
+
+    def _scaled(self, fraction: float, their_step: int) -> float:
+        if self.config.staleness_aware:
+            fraction *= staleness_weight(self.port.step, their_step, self.config.staleness_tau)
+        return fraction
 
     def next_deadline(self) -> float:
         return self._in_flight.deadline if self._in_flight else self._next_start
@@ -96,22 +127,25 @@ class PairwiseGossip(AsynchronousHooks):
         self._next_exchange += 1
         self._in_flight = _InFlight(self._next_exchange, partner, snapshot, now + self.config.exchange_timeout_s)
         self.stats["exchanges_started"] += 1
-        return [Send(partner, AvgRequest(self._next_exchange, self.port.step, self.port.model_key, snapshot))]
+        return [Send(partner, self._request(self._next_exchange, snapshot))]
 
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
-        if isinstance(msg, AvgRequest):
+        request_type, reply_type = self.MESSAGES
+        if isinstance(msg, request_type):
+            fraction = self._fraction(msg)  # validates it first
             check_params(msg.params, msg.model_key, self.port)
             mine = self.port.snapshot()
-            self.port.add_delta((msg.params - mine) * 0.5)
+            self.port.add_delta((msg.params - mine) * np.float32(self._scaled(fraction, msg.step)))
             self.stats["requests_served"] += 1
-            return [Send(src, AvgReply(msg.exchange, self.port.step, self.port.model_key, mine))]
-        if isinstance(msg, AvgReply):
+            return [Send(src, self._reply(msg, mine))]
+        if isinstance(msg, reply_type):
             flight = self._in_flight
             if flight is None or msg.exchange != flight.exchange or src != flight.partner:
                 self.stats["late_replies"] += 1  # timed out already, or not ours: drop
                 return []
             check_params(msg.params, msg.model_key, self.port)
-            self.port.add_delta((msg.params - flight.snapshot) * 0.5)
+            fraction = self._scaled(self._own_fraction(), msg.step)
+            self.port.add_delta((msg.params - flight.snapshot) * np.float32(fraction))
             self._in_flight = None
             self.stats["exchanges_completed"] += 1
             self._next_start = now + self.config.interval_s

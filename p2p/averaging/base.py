@@ -60,7 +60,9 @@ class Averager(Protocol):
         after_step(k, now, n)  -> step k's optimizer update is applied; send what the
                                   algorithm sends per step (D-PSGD round k, push-sum share).
 
-    ``n`` is the current neighbour list (addresses, from the topology over live members).
+    ``n`` is the current neighbour list (addresses, from the topology over live members),
+    computed for the round ``topology_round()`` returns just before the call, so time-varying
+    topologies (one-peer exponential, hypercube) follow the algorithm's own round counter.
     Asynchronous algorithms (AD-PSGD, elastic gossip) return True / [] from all hooks and
     work from ``tick`` only. Hooks never block; waiting is the trainer's job.
     """
@@ -87,6 +89,9 @@ class Averager(Protocol):
 
     def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]: ...
 
+    def topology_round(self) -> int:
+        """The round to pass to the topology when computing ``neighbours`` for the next call."""
+
 
 class AsynchronousHooks:
     """Step hooks of an algorithm that never makes training wait (mix in, then override tick)."""
@@ -105,6 +110,9 @@ class AsynchronousHooks:
     def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
         return []
 
+    def topology_round(self) -> int:
+        return 0
+
 
 @dataclass(frozen=True)
 class AveragingConfig:
@@ -112,10 +120,39 @@ class AveragingConfig:
 
     interval_s: float = 0.05  # pause between the end of one exchange and the start of the next
     exchange_timeout_s: float = 2.0  # an exchange with no reply by then is dropped, not retried
+    round_timeout_s: float = 5.0  # synchronous rounds (dpsgd, gossipgrad, diloco) stop waiting for missing neighbours after this
+    staleness_aware: bool = False  # scale a partner's mixing weight by 1/(1 + staleness/tau) when its step count is behind ours
+    staleness_tau: float = 10.0  # steps of staleness that halve a partner's weight (staleness_aware only)
+    elastic_alpha: float = 0.25  # elastic gossip: both ends move this fraction of the way to each other (0.5 = plain averaging)
+    diloco_inner_steps: int = 50  # DiLoCo H: local (inner optimizer) steps between outer synchronisations
+    diloco_outer_lr: float = 0.7  # DiLoCo outer learning rate on the averaged pseudo-gradient (paper: 0.7)
+    diloco_outer_momentum: float = 0.9  # DiLoCo outer Nesterov momentum (paper: 0.9)
+    diloco_gossip_rounds: int = 1  # neighbour-averaging rounds of the pseudo-gradient per outer step (1 is exact on "full")
+    gossipgrad_model_every: int = 8  # GossipGraD: average models with the partner every this many steps (0: gradients only)
 
     def __post_init__(self) -> None:
         if self.interval_s < 0 or self.exchange_timeout_s <= 0:
             raise ValueError("interval_s must be >= 0 and exchange_timeout_s > 0")
+        if self.round_timeout_s <= 0 or self.staleness_tau <= 0:
+            raise ValueError("round_timeout_s and staleness_tau must be > 0")
+        if not 0 < self.elastic_alpha < 1:
+            raise ValueError("elastic_alpha must be in (0, 1)")
+        if self.diloco_inner_steps < 1 or self.diloco_gossip_rounds < 1:
+            raise ValueError("diloco_inner_steps and diloco_gossip_rounds must be >= 1")
+        if self.diloco_outer_lr <= 0 or not 0 <= self.diloco_outer_momentum < 1:
+            raise ValueError("diloco_outer_lr must be > 0 and diloco_outer_momentum in [0, 1)")
+        if self.gossipgrad_model_every < 0:
+            raise ValueError("gossipgrad_model_every must be >= 0")
+
+
+def staleness_weight(my_step: int, their_step: int, tau: float) -> float:
+    """Factor on a partner's mixing weight (Zhang et al., "Staleness-aware async-SGD", IJCAI 2016,
+    divide by staleness): 1 when the partner is as fresh as us or fresher, 1 / (1 + s / tau) when
+    its model is s = my_step - their_step steps older. The weight taken off goes to our own
+    model, so the update stays a convex combination; it is deliberately not symmetric (the
+    fresher peer keeps more of itself), which gives up exact mean preservation: off by default."""
+    staleness = my_step - their_step
+    return 1.0 if staleness <= 0 else 1.0 / (1.0 + staleness / tau)
 
 
 def check_params(params: np.ndarray, model_key: str, port: ModelPort) -> None:

@@ -44,15 +44,14 @@ class BroadcastQueue:
     def take(self, budget: int, limit: int) -> list[tuple]:
         """Updates whose encoded sizes fit in ``budget`` bytes; each counts one transmission."""
         out: list[tuple] = []
-        taken: list[tuple[str, list]] = []
+        taken: list[list] = []
         skips = _MAX_SKIPS
         for bucket in self._buckets:
             if budget < _MIN_RECORD or not skips:
                 break
             if not bucket:
                 continue
-            for node_id in reversed(bucket):
-                item = bucket[node_id]
+            for item in reversed(bucket.values()):
                 size = item[1]
                 if size > budget:  # look a little further for a smaller one, then give up
                     skips -= 1
@@ -60,10 +59,15 @@ class BroadcastQueue:
                         break
                     continue
                 budget -= size
-                out.append(item[0])
-                taken.append((node_id, item))
+                taken.append(item)
+        if not taken:
+            return out
         items, buckets = self._items, self._buckets
-        for node_id, item in reversed(taken):  # oldest first, so "newest last" holds in the next bucket
+        taken.reverse()  # oldest first, so "newest last" holds in the next bucket
+        for item in taken:
+            update = item[0]
+            out.append(update)
+            node_id = update[1]
             t = item[2]
             del buckets[t][node_id]
             t += 1
@@ -74,6 +78,7 @@ class BroadcastQueue:
             if t == len(buckets):
                 buckets.append({})
             buckets[t][node_id] = item
+        out.reverse()
         return out
 
     def prune(self, limit: int) -> None:

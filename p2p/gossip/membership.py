@@ -158,24 +158,24 @@ class Membership:
         self._next_join = now + self._join_backoff
         return out
 
-    def restore(self, rows: Iterable[tuple[str, str, int]], now: float) -> None:
-        """Before start(): take ``(node_id, addr, incarnation)`` rows as ALIVE members, quietly.
+    def restore(self, rows: Iterable[tuple], now: float) -> None:
+        """Before start(): take ALIVE rows ``(state, node_id, addr, incarnation)`` (the PushPull
+        row format) as members, quietly; rows in any other state, or about us, are skipped.
 
         For a table saved by an earlier run (Serf's snapshot) or a simulator's warm start; the
         rows are not gossiped (everyone is presumed to know them) and probes soon verify them.
         """
         if self._started:
             raise LocalProtocolError("restore() must come before start()")
-        members, ids, hook = self._members, self._ids, self.on_change
-        for nid, addr, inc in rows:
-            if nid == self.node_id or nid in members:
-                continue
-            if hook is not None:
-                self._set(nid, (ALIVE, nid, addr, inc), now)
-                continue
-            members[nid] = (ALIVE, nid, addr, inc)
-            ids.append(nid)
-            self._n_live += 1
+        members = self._members
+        fresh = {r[1]: r for r in rows if r[0] == ALIVE and r[1] not in members}
+        if self.on_change is not None:
+            for nid, r in fresh.items():
+                self._set(nid, r, now)
+            return
+        members.update(fresh)
+        self._ids.extend(fresh)
+        self._n_live += len(fresh)
         self._version += 1
 
     def receive(self, src: str, msg: object, now: float) -> list[Send]:
@@ -188,7 +188,8 @@ class Membership:
         sender = msg.sender
         if sender == self.node_id:
             raise RemoteProtocolError("id_conflict", f"a message from {src} claims our id {sender!r}")
-        self._count(_RECV_KEYS[t])
+        stats, key = self.stats, _RECV_KEYS[t]
+        stats[key] = stats.get(key, 0) + 1
         out: list[Send] = []
         _HANDLERS[t](self, src, msg, now, out)
         self._joined = True

@@ -92,9 +92,7 @@ def trusted(cls, *values):
     if names is None:
         names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
     obj = object.__new__(cls)
-    setattr_ = object.__setattr__
-    for name, v in zip(names, values):
-        setattr_(obj, name, v)
+    obj.__dict__.update(zip(names, values))  # what the frozen __init__ does, minus __post_init__
     return obj
 
 

@@ -163,13 +163,15 @@ class Simulation:
         return self.result()
 
     def _reschedule(self, i: int, t: float) -> None:
+        """Keep exactly one live TICK per member, at its next_deadline(); older ones go stale."""
         d = self.nodes[i].next_deadline()
-        if d < self.sched[i]:
+        if d != self.sched[i]:
             if d < t:
                 d = t
             self.sched[i] = d
-            heapq.heappush(self.heap, (d, self.seq, TICK, i, 0, None))
-            self.seq += 1
+            if d < INF:
+                heapq.heappush(self.heap, (d, self.seq, TICK, i, 0, None))
+                self.seq += 1
 
     def _dispatch(self, i: int, sends: list, t: float) -> None:
         cfg, rng, size_of, index = self.cfg, self.rng, self.size, self.addr_index
@@ -255,7 +257,7 @@ class Simulation:
         """Start every initial member already holding the full table, as if each had just
         completed a join push-pull (skips the join phase for large runs)."""
         peers = self.cfg.peers
-        rows = [(self.ids[i], self.addrs[i], 0) for i in range(peers)]
+        rows = [(ALIVE, self.ids[i], self.addrs[i], 0) for i in range(peers)]
         for i in range(peers):
             m = self._make(i, t)
             m.restore(rows, t)

@@ -25,25 +25,29 @@ class WireSize:
         k = max(1, len(ids))
         self.state_avg = sum(record_size((ALIVE, i, a, 0)) for i, a in zip(ids, addrs)) / k
         self.update_avg = sum(record_size((ALIVE, i, a, 0, "")) for i, a in zip(ids, addrs)) / k
-        self._base: dict[type, int] = {}
+        self._shapes: dict[type, tuple[int, str, float]] = {}
         self._src = addrs[0] if addrs else "0.0.0.0:0"
 
-    def _base_of(self, msg: object) -> tuple[int, str]:
+    def _shape(self, msg: object) -> tuple[int, str, float]:
         t = type(msg)
         field = "states" if t is PushPull else "updates" if hasattr(msg, "updates") else ""
-        base = self._base.get(t)
-        if base is None:
-            empty = dataclasses.replace(msg, **{field: ()}) if field else msg
-            base = self._base[t] = len(encode(empty, self._src)[0])
-        return base, field
+        empty = dataclasses.replace(msg, **{field: ()}) if field else msg
+        shape = (len(encode(empty, self._src)[0]), field,
+                 self.state_avg if field == "states" else self.update_avg)
+        self._shapes[t] = shape
+        return shape
 
     def __call__(self, msg: object) -> int:
-        base, field = self._base_of(msg)
+        shape = self._shapes.get(type(msg))
+        if shape is None:
+            shape = self._shape(msg)
+        base, field, avg = shape
         if not field:
             return base
         recs = getattr(msg, field)
         n = len(recs)
+        if not n:
+            return base
         if n <= _EXACT_UP_TO:
             return base + _array_header(n) + sum(record_size(r) for r in recs)
-        avg = self.state_avg if field == "states" else self.update_avg
         return base + _array_header(n) + int(n * avg)

@@ -1,0 +1,160 @@
+"""DiLoCo / local SGD with an outer Nesterov step, averaged by gossip instead of all-reduce.
+
+After Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models",
+arXiv:2311.08105, 2023, Alg. 1 (and local SGD: Stich, ICLR 2019): H inner steps with the
+trainer's own optimizer, then the pseudo-gradient Delta = theta_start - theta_local is averaged
+over the workers and an outer SGD-Nesterov step (lr 0.7, momentum 0.9 in the paper) moves the
+shared outer parameters:
+
+    m <- mu m + Delta_avg;   theta_start <- theta_start - lr (Delta_avg + mu m);   theta <- theta_start
+
+Decentralised: there is no all-reduce and no coordinator. At the outer boundary a peer runs
+``diloco_gossip_rounds`` synchronous neighbour-averaging rounds (``rounds.py``, Metropolis-
+Hastings weights; one round on ``full`` is the exact average, log2 n rounds on ``hypercube``
+for n a power of two). Each round mixes the PAIR (theta_start, Delta): the paper's workers share
+theta_start by construction; here each peer holds its own copy, and averaging it along with
+Delta makes the copies agree (a late joiner, or a round that timed out, would otherwise leave
+its outer parameters apart forever). The momentum buffer stays local; it is a function of the
+averaged Delta sequence, so peers that share that sequence share it too.
+
+Hooks (local step k):
+- ``after_step(k)``: when k is a multiple of H (the outer boundary; a joiner that adopted the
+  swarm's step count falls on the same boundaries), take theta_local = snapshot and Delta, and
+  begin the first gossip round of this outer step (OuterShare to the neighbours).
+- ``may_step(k + 1)``: False from the boundary until the last gossip round finished (all in
+  or ``round_timeout_s``) and the outer step was queued: ``add_delta(theta_start - snapshot)``.
+  Between gossip rounds ``next_deadline()`` is "now", and ``tick`` begins the next round (so
+  the driver computes its neighbours for the new ``topology_round()``).
+- ``on_gradient`` / ``gradient_ready``: not used.
+
+Waits at every outer boundary for the neighbours (bounded by the timeout per round): a slow
+peer delays the others once per H steps, not every step. Rounds are aligned as in ``rounds.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from p2p.averaging.base import AveragingConfig, ModelPort, check_params
+from p2p.averaging.rounds import NeighbourRounds
+from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
+from p2p.wire import message
+
+
+@message(28)
+@dataclass(frozen=True)
+class OuterShare:
+    round: int  # the sender's gossip round (diloco_gossip_rounds per outer step)
+    step: int  # the sender's local step count
+    degree: int  # the sender's neighbour count this round
+    model_key: str
+    params: np.ndarray  # the sender's estimate of theta_start (outer parameters)
+    delta: np.ndarray  # the sender's estimate of the averaged pseudo-gradient
+
+
+class DiLoCo:
+    """Local SGD with gossip-averaged outer Nesterov steps (module docstring)."""
+
+    name = "diloco"
+    natural_topology = "full"
+    MESSAGES = (OuterShare,)
+    wants_gradient = False
+
+    def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float) -> None:
+        self.config = config
+        self.port = port
+        self.stats: dict[str, int] = {"outer_steps": 0}
+        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats)
+        self._start = port.snapshot()  # theta_start: the model before the first inner step
+        self._momentum = np.zeros_like(self._start)
+        self._syncing = False  # between the boundary and the outer step
+        self._payload: tuple[np.ndarray, ...] = ()
+        self._continue_at = math.inf  # when tick() begins the next gossip round
+
+    def topology_round(self) -> int:
+        return self._rounds.next_round()
+
+    def busy(self) -> bool:
+        return self._syncing
+
+    def next_deadline(self) -> float:
+        return min(self._rounds.deadline, self._continue_at)
+
+    @property
+    def outer_parameters(self) -> np.ndarray:
+        return self._start
+
+    def _begin(self, now: float, neighbours: Sequence[str]) -> list[Send]:
+        self._continue_at = math.inf
+        start, delta = self._payload
+        r = self._rounds.begin(now, neighbours, self._payload)
+        msg = OuterShare(r, self.port.step, len(neighbours), self.port.model_key, start, delta)
+        self._poll(now)
+        return [Send(j, msg) for j in neighbours]
+
+    def _poll(self, now: float) -> None:
+        if not self._rounds.ready(now):
+            return
+        tau = self.config.staleness_tau if self.config.staleness_aware else None
+        self._payload = self._rounds.finish(self.port.step, tau).payload
+        if self._rounds.round % self.config.diloco_gossip_rounds:
+            self._continue_at = now  # more gossip rounds in this outer step: tick begins the next
+            return
+        self._outer_step()
+
+    def _outer_step(self) -> None:
+        cfg = self.config
+        start, delta = self._payload
+        mu = np.float32(cfg.diloco_outer_momentum)
+        self._momentum = mu * self._momentum + delta
+        self._start = start - np.float32(cfg.diloco_outer_lr) * (delta + mu * self._momentum)
+        self.port.add_delta(self._start - self.port.snapshot())
+        self._syncing = False
+        self._payload = ()
+        self.stats["outer_steps"] += 1
+
+    # -- step hooks ---------------------------------------------------------------------------
+    def may_step(self, step: int, now: float) -> bool:
+        if self._syncing and self._continue_at == math.inf:
+            self._poll(now)
+        return not self._syncing
+
+    def on_gradient(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
+        return []
+
+    def gradient_ready(self, step: int, now: float) -> bool:
+        return True
+
+    def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
+        if self._syncing:
+            raise LocalProtocolError("after_step() before may_step() turned True")
+        if step % self.config.diloco_inner_steps:
+            return []
+        local = self.port.snapshot()
+        self._payload = (self._start, self._start - local)
+        self._syncing = True
+        return self._begin(now, neighbours)
+
+    # -- network ------------------------------------------------------------------------------
+    def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
+        if not isinstance(msg, OuterShare):
+            raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a DiLoCo message")
+        check_params(msg.params, msg.model_key, self.port)
+        check_params(msg.delta, msg.model_key, self.port)
+        self._rounds.offer(src, msg.round, msg.degree, msg.step, (msg.params, msg.delta))
+        if self._syncing and self._continue_at == math.inf:
+            self._poll(now)
+        return []
+
+    def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
+        if not self._syncing:
+            return []
+        if now >= self._continue_at:
+            return self._begin(now, neighbours)
+        self._poll(now)
+        return []

@@ -1,0 +1,116 @@
+"""D-PSGD: synchronous decentralized parallel SGD.
+
+After Lian et al., "Can decentralized algorithms outperform centralized algorithms? A case study
+for decentralized parallel stochastic gradient descent", NeurIPS 2017, Alg. 1:
+
+    x_i^{k+1} = sum_j W_ij x_j^k - gamma grad f_i(x_i^k)
+
+with W doubly stochastic (Metropolis-Hastings over the topology, ``rounds.py``). Here the local
+optimizer step comes first and the mixing follows, which is the same recursion shifted by half a
+step: after step k the peer sends its parameters s_i (a snapshot) tagged with round r to every
+neighbour, then adds sum_j W_ij (s_j - s_i) before step k + 1.
+
+Hooks (step k):
+- ``after_step(k)``: begin round r with s_i; send DpsgdParams(r, degree, s_i) to the neighbours.
+- ``may_step(k + 1)``: False while round r waits for its neighbours. It turns True once
+  ``len(neighbours)`` round-r vectors arrived (``receive``) or ``round_timeout_s`` passed
+  (``tick``); the delta is then queued with ``port.add_delta``. No neighbours: True at once.
+- ``on_gradient`` / ``gradient_ready``: not used ([] / True).
+
+THIS ALGORITHM WAITS FOR STRAGGLERS: every peer waits for its neighbours each step, so the whole
+connected swarm runs at the pace of its slowest member (up to the round timeout, after which the
+straggler is dropped from that round). Use AD-PSGD, SGP or elastic gossip when speeds differ.
+
+Invariants: with symmetric W, no loss and no timeouts the pair terms W_ij (s_j - s_i) and
+W_ji (s_i - s_j) cancel, so the swarm mean of the parameters is preserved by mixing. A round
+that times out drops the missing pair terms on one side only (the mean drifts by those terms).
+Rounds are numbered by the peers (``rounds.py`` aligns late joiners); stale rounds are counted
+and dropped, never mixed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from p2p.averaging.base import AveragingConfig, ModelPort, check_params
+from p2p.averaging.rounds import NeighbourRounds
+from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
+from p2p.wire import message
+
+
+@message(25)
+@dataclass(frozen=True)
+class DpsgdParams:
+    round: int  # the sender's round number
+    step: int  # the sender's local step count
+    degree: int  # the sender's neighbour count this round (Metropolis-Hastings weight)
+    model_key: str
+    params: np.ndarray
+
+
+class Dpsgd:
+    """Synchronous D-PSGD (module docstring)."""
+
+    name = "dpsgd"
+    natural_topology = "exponential"
+    MESSAGES = (DpsgdParams,)
+    wants_gradient = False
+
+    def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float) -> None:
+        self.config = config
+        self.port = port
+        self.stats: dict[str, int] = {}
+        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats)
+
+    def topology_round(self) -> int:
+        return self._rounds.next_round()
+
+    def busy(self) -> bool:
+        return self._rounds.waiting
+
+    def next_deadline(self) -> float:
+        return self._rounds.deadline
+
+    def _poll(self, now: float) -> None:
+        if self._rounds.ready(now):
+            tau = self.config.staleness_tau if self.config.staleness_aware else None
+            mixed = self._rounds.finish(self.port.step, tau)
+            if mixed.received:
+                self.port.add_delta(mixed.deltas[0])
+
+    # -- step hooks ---------------------------------------------------------------------------
+    def may_step(self, step: int, now: float) -> bool:
+        self._poll(now)
+        return not self._rounds.waiting
+
+    def on_gradient(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
+        return []
+
+    def gradient_ready(self, step: int, now: float) -> bool:
+        return True
+
+    def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
+        if self._rounds.waiting:
+            raise LocalProtocolError("after_step() before may_step() turned True")
+        snapshot = self.port.snapshot()
+        r = self._rounds.begin(now, neighbours, (snapshot,))
+        msg = DpsgdParams(r, self.port.step, len(neighbours), self.port.model_key, snapshot)
+        self._poll(now)  # no neighbours: the round is over already
+        return [Send(j, msg) for j in neighbours]
+
+    # -- network ------------------------------------------------------------------------------
+    def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
+        if not isinstance(msg, DpsgdParams):
+            raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a D-PSGD message")
+        check_params(msg.params, msg.model_key, self.port)
+        self._rounds.offer(src, msg.round, msg.degree, msg.step, (msg.params,))
+        self._poll(now)
+        return []
+
+    def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
+        self._poll(now)
+        return []

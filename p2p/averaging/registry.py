@@ -1,0 +1,52 @@
+"""The averaging algorithms by name, each with its natural topology.
+
+``make_averager(name, config, port, rng, now)`` builds one; the CLI picks by name (as aioquic's
+congestion-control registry). Adding an algorithm is one new module plus one line here. Every
+class takes ``(config, port, rng, now)`` and carries ``name``, ``natural_topology``,
+``MESSAGES`` and ``wants_gradient``.
+
+Importing this module registers every algorithm's wire messages (tags 20..39).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+from p2p.averaging.adpsgd import PairwiseGossip
+from p2p.averaging.base import Averager, AveragingConfig, ModelPort
+from p2p.averaging.diloco import DiLoCo
+from p2p.averaging.dpsgd import Dpsgd
+from p2p.averaging.elastic import ElasticGossip
+from p2p.averaging.gossipgrad import GossipGraD
+from p2p.averaging.sgp import PushSum
+
+ALGORITHMS: dict[str, Callable[..., Averager]] = {
+    "dpsgd": Dpsgd,  # synchronous rounds, waits for neighbours; natural topology: exponential
+    "adpsgd": PairwiseGossip,  # asynchronous pairwise averaging; full
+    "sgp": PushSum,  # push-sum, overlapped, never waits; one-peer-exponential
+    "elastic": ElasticGossip,  # asynchronous pairwise elastic pull; random
+    "gossipgrad": GossipGraD,  # per-step gradient exchange with a rotating partner; hypercube
+    "diloco": DiLoCo,  # H local steps, gossip-averaged outer Nesterov step; full
+}
+
+# Algorithms that make the trainer wait in ``may_step`` / ``gradient_ready``.
+SYNCHRONOUS = frozenset({"dpsgd", "gossipgrad", "diloco"})
+
+
+def natural_topology(name: str) -> str:
+    """The topology name an algorithm is designed for (the CLI's default for --topology)."""
+    return _lookup(name).natural_topology
+
+
+def make_averager(name: str, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float,
+                  **kw: Any) -> Averager:
+    """Build the averager registered as ``name``; unknown names raise ValueError."""
+    return _lookup(name)(config, port, rng, now, **kw)
+
+
+def _lookup(name: str):
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(f"unknown averaging algorithm {name!r} (available: {', '.join(ALGORITHMS)})") from None

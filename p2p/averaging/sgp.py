@@ -1,0 +1,116 @@
+"""SGP: Stochastic Gradient Push (push-sum gossip with overlapped communication).
+
+After Assran, Loizou, Ballas & Rabbat, "Stochastic Gradient Push for Distributed Deep
+Learning", ICML 2019, Alg. 1 (push-sum: Kempe, Dobra & Gehrke, FOCS 2003). Each peer keeps a
+numerator x_i and a weight w_i (w starts at 1) and trains the de-biased model z_i = x_i / w_i.
+Per step, over a directed time-varying graph (one out-peer per step; natural topology
+``one-peer-exponential``):
+
+    keep  (x_i / 2, w_i / 2);   push (x_i / 2, w_i / 2) to the out-peer j
+    on receipt of (x', w'):     x_i += x',  w_i += w'
+
+Representation. The model holds z, not x, so every change is a delta on z. The message carries
+the sender's z and its pushed weight w' (the numerator x' = w' z, mathematically the same as
+sending x' itself, without the float32 range problems of a tiny w). Keeping half changes
+x and w by the same factor, so z does not move; a receipt moves z to the weighted mean
+
+    z_i <- (w_i z_i + w' z_j) / (w_i + w'),  i.e.  add_delta(w' / (w_i + w') (z_j - z_i)).
+
+The trainer's optimizer step updates z directly (z -= lr g), which is x -= lr w g: the paper's
+update scaled by w_i, and w_i stays near 1 on the one-peer exponential graph (every peer keeps a
+half and receives one half per step), so this is a rescaled learning rate, not a bias.
+
+Hooks: never waits. ``may_step`` / ``gradient_ready`` True, ``after_step(k)`` pushes the share
+for round r to ``neighbours[r % len]`` (one peer on the natural topology), ``receive`` mixes.
+
+Invariants. Mass: sum_i w_i + (weight in flight) is exactly conserved with no loss (halving is
+exact in binary floating point; the simulator checks it to 1e-9), as is sum_i w_i z_i. Each w_i
+stays > 0 (a peer keeps half of its own).
+
+Under loss: a lost message takes its weight w' and its numerator w' z_j together, so the sums
+drop but the ratio z of every peer is still a convex combination of the models: nothing is
+biased, the swarm simply forgets that share (x and w are lost together). A crashed peer takes
+its w with it; a joiner brings w = 1. Rounds are per-peer counters that follow the highest
+round heard, so a joiner falls into step with the swarm's graph sequence at its first receipt.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
+from p2p.protocol import RemoteProtocolError, Send
+from p2p.wire import message
+
+MAX_WEIGHT = 2.0 ** 20  # a share above this is a lie (weights start at 1 and are only split)
+
+
+@message(22)
+@dataclass(frozen=True)
+class PushSumShare:
+    round: int  # the sender's round (selects the time-varying graph)
+    step: int  # the sender's local step count
+    weight: float  # the pushed push-sum weight w' (half of the sender's weight)
+    model_key: str
+    params: np.ndarray  # the sender's de-biased model z_j (numerator = weight * params)
+
+
+class PushSum(AsynchronousHooks):
+    """Stochastic Gradient Push (module docstring)."""
+
+    name = "sgp"
+    natural_topology = "one-peer-exponential"
+    MESSAGES = (PushSumShare,)
+
+    def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float) -> None:
+        self.config = config
+        self.port = port
+        self.weight = 1.0  # push-sum weight w_i
+        self._round = 0
+        self.stats = {"exchanges_started": 0, "exchanges_completed": 0, "shares_sent": 0,
+                      "shares_received": 0, "alone": 0}
+
+    def topology_round(self) -> int:
+        return self._round
+
+    def busy(self) -> bool:
+        return False
+
+    def next_deadline(self) -> float:
+        return math.inf
+
+    def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
+        return []
+
+    def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
+        r = self._round
+        self._round += 1
+        if not neighbours:
+            self.stats["alone"] += 1
+            return []
+        target = neighbours[r % len(neighbours)]
+        share = self.weight * 0.5
+        self.weight = share
+        self.stats["shares_sent"] += 1
+        self.stats["exchanges_started"] += 1
+        return [Send(target, PushSumShare(r, self.port.step, share, self.port.model_key, self.port.snapshot()))]
+
+    def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
+        if not isinstance(msg, PushSumShare):
+            raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not an SGP message")
+        if not (math.isfinite(msg.weight) and 0.0 < msg.weight <= MAX_WEIGHT) or msg.round < 0:
+            raise RemoteProtocolError("bad_value", f"push-sum weight {msg.weight!r}, round {msg.round}")
+        check_params(msg.params, msg.model_key, self.port)
+        z = self.port.snapshot()
+        total = self.weight + msg.weight
+        self.port.add_delta((msg.params - z) * np.float32(msg.weight / total))
+        self.weight = total
+        self._round = max(self._round, msg.round)
+        self.stats["shares_received"] += 1
+        self.stats["exchanges_completed"] += 1
+        return []
