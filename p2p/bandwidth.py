@@ -1,0 +1,136 @@
+"""Bandwidth awareness: per-neighbour link estimates and the policy that adapts to them.
+
+Pure: fed observations (``observe``: an exchange with peer p moved b bytes in s seconds;
+``observe_rtt``: a small message round trip took s seconds) and the local step time; it never
+reads a clock. Every node keeps its own estimates from its own transfers; nothing is shared.
+
+Policy, to keep communication time at most ``comm_fraction`` of wall time (so that, on a
+shared link, averaging never crowds out what training needs):
+
+- **average less often**: with an expected exchange time t_x, an interval i between exchanges
+  gives a busy fraction t_x / (t_x + i); so i >= t_x (1 - f) / f;
+- **choose faster partners**: pick partners with probability proportional to estimated
+  throughput (peers not measured yet get the best known estimate, so they get explored);
+- **compress harder**: when even ``max_interval_s`` cannot meet the budget, step up a ladder
+  of compressors (each roughly 2-4x fewer bytes); step down again when there is slack.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+
+@dataclass(frozen=True)
+class BandwidthConfig:
+    comm_fraction: float = 0.5  # target share of wall time spent in exchanges
+    ewma_alpha: float = 0.3  # weight of the newest observation in the moving averages
+    min_interval_s: float = 0.0  # never average more often than this
+    max_interval_s: float = 30.0  # never wait longer than this between exchanges
+    prefer_fast_partners: bool = True  # throughput-weighted partner choice
+    compression_ladder: tuple[str, ...] = ("none", "fp16", "int8", "topk")  # mildest first
+
+    def __post_init__(self) -> None:
+        if not 0 < self.comm_fraction <= 1:
+            raise ValueError("comm_fraction must be in (0, 1]")
+        if not 0 < self.ewma_alpha <= 1:
+            raise ValueError("ewma_alpha must be in (0, 1]")
+        if self.min_interval_s < 0 or self.max_interval_s < self.min_interval_s:
+            raise ValueError("need 0 <= min_interval_s <= max_interval_s")
+
+
+def ewma(old: Optional[float], new: float, alpha: float) -> float:
+    return new if old is None else (1 - alpha) * old + alpha * new
+
+
+def required_interval(exchange_s: float, fraction: float) -> float:
+    """The pause after an exchange of ``exchange_s`` that keeps the busy share <= fraction."""
+    return exchange_s * (1 - fraction) / fraction
+
+
+@dataclass
+class LinkEstimate:
+    throughput_bps: Optional[float] = None  # bytes per second, both directions together
+    exchange_s: Optional[float] = None  # duration of one exchange
+    rtt_s: Optional[float] = None  # small-message round trip
+    samples: int = 0
+
+
+@dataclass
+class BandwidthMonitor:
+    config: BandwidthConfig = field(default_factory=BandwidthConfig)
+    links: dict[str, LinkEstimate] = field(default_factory=dict)
+    level: int = 0  # index into config.compression_ladder
+
+    def observe(self, peer: str, nbytes: int, seconds: float) -> None:
+        """An exchange with ``peer`` moved ``nbytes`` (both ways) in ``seconds``."""
+        if seconds <= 0 or nbytes < 0:
+            return
+        link = self.links.setdefault(peer, LinkEstimate())
+        a = self.config.ewma_alpha
+        link.throughput_bps = ewma(link.throughput_bps, nbytes / seconds, a)
+        link.exchange_s = ewma(link.exchange_s, seconds, a)
+        link.samples += 1
+
+    def observe_rtt(self, peer: str, seconds: float) -> None:
+        if seconds > 0:
+            link = self.links.setdefault(peer, LinkEstimate())
+            link.rtt_s = ewma(link.rtt_s, seconds, self.config.ewma_alpha)
+
+    def forget(self, live: Sequence[str]) -> None:
+        """Drop estimates of peers that are no longer members."""
+        keep = set(live)
+        for peer in [p for p in self.links if p not in keep]:
+            del self.links[peer]
+
+    def expected_exchange_s(self, neighbours: Sequence[str]) -> Optional[float]:
+        times = [self.links[p].exchange_s for p in neighbours if p in self.links and self.links[p].exchange_s]
+        return sum(times) / len(times) if times else None
+
+    def interval(self, base_s: float, neighbours: Sequence[str]) -> float:
+        """Pause before the next exchange: the base, stretched to meet the budget."""
+        cfg = self.config
+        expected = self.expected_exchange_s(neighbours)
+        wanted = base_s if expected is None else max(base_s, required_interval(expected, cfg.comm_fraction))
+        return min(max(wanted, cfg.min_interval_s), cfg.max_interval_s)
+
+    def choose(self, neighbours: Sequence[str], rng: random.Random) -> str:
+        """A partner, throughput-weighted when configured (unmeasured peers get explored)."""
+        if not neighbours:
+            raise ValueError("no neighbours to choose from")
+        if not self.config.prefer_fast_partners:
+            return neighbours[rng.randrange(len(neighbours))]
+        known = [self.links[p].throughput_bps for p in neighbours
+                 if p in self.links and self.links[p].throughput_bps]
+        best = max(known) if known else 1.0
+        weights = [(self.links[p].throughput_bps if p in self.links and self.links[p].throughput_bps else best)
+                   for p in neighbours]
+        return rng.choices(list(neighbours), weights=weights, k=1)[0]
+
+    def compression(self, neighbours: Sequence[str], base_s: float) -> str:
+        """Step the compression ladder up when the budget cannot be met even at the longest
+        interval, and down when exchanges take well under half of what the budget allows."""
+        cfg = self.config
+        expected = self.expected_exchange_s(neighbours)
+        if expected is not None:
+            needed = required_interval(expected, cfg.comm_fraction)
+            if needed > cfg.max_interval_s and self.level < len(cfg.compression_ladder) - 1:
+                self.level += 1
+                self._reset_times()
+            elif needed < 0.25 * max(base_s, cfg.max_interval_s) and self.level > 0 and needed < base_s:
+                self.level -= 1
+                self._reset_times()
+        return cfg.compression_ladder[self.level]
+
+    def _reset_times(self) -> None:
+        # exchange times measured at the old compression no longer predict the new ones
+        for link in self.links.values():
+            link.exchange_s = None
+
+    def report(self) -> dict[str, dict[str, Optional[float]]]:
+        """For status output: per-peer estimates."""
+        return {p: {"throughput_mbit_s": None if l.throughput_bps is None else round(l.throughput_bps * 8 / 1e6, 2),
+                    "exchange_ms": None if l.exchange_s is None else round(l.exchange_s * 1e3, 1),
+                    "rtt_ms": None if l.rtt_s is None else round(l.rtt_s * 1e3, 2), "samples": l.samples}
+                for p, l in sorted(self.links.items())}
