@@ -6,8 +6,8 @@ waits on an event the network thread sets once the averager says go. Each post a
 network thread at once through an inproc ZeroMQ socket, so a synchronous round does not wait
 for the network loop's poll timeout.
 
-Asynchronous algorithms declare nothing to gate (``gates_steps`` False, ``wants_gradient``
-False): the trainer then only posts ``after_step`` and never waits.
+Asynchronous algorithms inherit the no-op hooks of ``AsynchronousHooks``: the trainer then
+never posts or waits at all.
 """
 
 from __future__ import annotations
@@ -27,10 +27,12 @@ _ids = itertools.count()
 
 class StepHooks:
     def __init__(self, averager: object, gate_timeout_s: float, context: zmq.Context | None = None) -> None:
-        self.gates_steps = bool(getattr(averager, "gates_steps", False))
+        # Hooks an algorithm inherits as no-ops from AsynchronousHooks cost the trainer nothing:
+        # no per-step wake-up of the network thread, no waiting.
+        kind = type(averager)
+        self.gates_steps = getattr(kind, "may_step", None) is not AsynchronousHooks.may_step
         self.wants_gradient = bool(getattr(averager, "wants_gradient", False))
-        # Algorithms that inherit the no-op after_step are not woken once per training step.
-        self.posts_after_step = type(averager).after_step is not AsynchronousHooks.after_step
+        self.posts_after_step = getattr(kind, "after_step", None) is not AsynchronousHooks.after_step
         self.gate_timeout_s = gate_timeout_s  # safety net: the averager's own timeouts come first
         self.gate_timeouts = 0  # times the trainer went on without the averager's go-ahead
         self._context = context or zmq.Context.instance()

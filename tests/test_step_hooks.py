@@ -7,7 +7,6 @@ from p2p.protocol import Send
 
 
 class GatedAverager(AsynchronousHooks):
-    gates_steps = True
     wants_gradient = True
 
     def __init__(self):
