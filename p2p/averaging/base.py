@@ -10,7 +10,7 @@ preserved however exchanges interleave with training and with each other.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -68,9 +68,10 @@ class Averager(Protocol):
     """
 
     name: str
+    natural_topology: str  # the topology name it is designed for (registry default)
     MESSAGES: tuple[type, ...]
     wants_gradient: bool
-    stats: dict[str, int]
+    stats: dict[str, int]  # counters; every algorithm has exchanges_started / exchanges_completed
 
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]: ...
 
@@ -94,7 +95,11 @@ class Averager(Protocol):
 
 
 class AsynchronousHooks:
-    """Step hooks of an algorithm that never makes training wait (mix in, then override tick)."""
+    """No-op step hooks to mix in: an algorithm overrides only the hooks it uses. The trainer's
+    proxy (p2p/step_hooks.py) skips the hooks left as these no-ops: an algorithm that does not
+    override ``may_step`` never gates a step, one that does not override ``after_step`` is
+    never called after one. A fully asynchronous algorithm overrides none and works from
+    ``tick`` and ``receive`` only."""
 
     wants_gradient = False
 
@@ -129,6 +134,11 @@ class AveragingConfig:
     diloco_outer_momentum: float = 0.9  # DiLoCo outer Nesterov momentum (paper: 0.9)
     diloco_gossip_rounds: int = 1  # neighbour-averaging rounds of the pseudo-gradient per outer step (1 is exact on "full")
     gossipgrad_model_every: int = 8  # GossipGraD: average models with the partner every this many steps (0: gradients only)
+    # Read by p2p/compression (compressor_from_config) and p2p/averaging/choco.py:
+    compression: str = "none"  # codec for compressed averaging: none | int8 | sign | topk ...
+    compression_block: Optional[int] = None  # int8/sign block size (None: the codec's default)
+    compression_topk_fraction: Optional[float] = None  # topk: fraction of entries kept (None: 0.01)
+    choco_gamma: Optional[float] = None  # CHOCO consensus step size (None: suggested for the codec)
 
     def __post_init__(self) -> None:
         if self.interval_s < 0 or self.exchange_timeout_s <= 0:

@@ -40,7 +40,7 @@ from typing import Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AveragingConfig, ModelPort, check_params
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -57,7 +57,7 @@ class OuterShare:
     delta: np.ndarray  # the sender's estimate of the averaged pseudo-gradient
 
 
-class DiLoCo:
+class DiLoCo(AsynchronousHooks):
     """Local SGD with gossip-averaged outer Nesterov steps (module docstring)."""
 
     name = "diloco"
@@ -102,8 +102,10 @@ class DiLoCo:
             return
         tau = self.config.staleness_tau if self.config.staleness_aware else None
         self._payload = self._rounds.finish(self.port.step, tau).payload
-        if self._rounds.round % self.config.diloco_gossip_rounds:
-            self._continue_at = now  # more gossip rounds in this outer step: tick begins the next
+        if self._rounds.round % self.config.diloco_gossip_rounds or self._rounds.behind:
+            # More gossip rounds in this outer step, or we fell behind the swarm's rounds (a
+            # joiner): tick begins the next round (at the swarm's round number) right away.
+            self._continue_at = now
             return
         self._outer_step()
 
@@ -123,12 +125,6 @@ class DiLoCo:
         if self._syncing and self._continue_at == math.inf:
             self._poll(now)
         return not self._syncing
-
-    def on_gradient(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
-        return []
-
-    def gradient_ready(self, step: int, now: float) -> bool:
-        return True
 
     def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
         if self._syncing:

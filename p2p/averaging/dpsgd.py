@@ -36,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AveragingConfig, ModelPort, check_params
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -52,7 +52,7 @@ class DpsgdParams:
     params: np.ndarray
 
 
-class Dpsgd:
+class Dpsgd(AsynchronousHooks):
     """Synchronous D-PSGD (module docstring)."""
 
     name = "dpsgd"
@@ -86,12 +86,6 @@ class Dpsgd:
     def may_step(self, step: int, now: float) -> bool:
         self._poll(now)
         return not self._rounds.waiting
-
-    def on_gradient(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
-        return []
-
-    def gradient_ready(self, step: int, now: float) -> bool:
-        return True
 
     def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
         if self._rounds.waiting:

@@ -9,25 +9,30 @@ every peer in log2 n steps at O(1) messages per peer per step.
 
 Hooks (step k, gradient round r):
 - ``on_gradient(k)``: g_i = ``port.gradient()``; send GradientShare(r, g_i) to this round's
-  partner(s) (the topology's neighbours at ``topology_round()``).
-- ``gradient_ready(k)``: False until the partner's round-r gradient arrived or
+  partner(s) (the topology's neighbours at ``topology_round()``). One round in
+  ``gossipgrad_model_every`` (``model_round``) the message is a GradientModelShare that
+  carries the parameters too (see below).
+- ``gradient_ready(k)``: False until the partner's round-r message arrived or
   ``round_timeout_s`` passed; then ``port.set_gradient`` with the Metropolis-Hastings mix
   ((g_i + g_j) / 2 for one partner) or, on timeout with nothing, the own gradient is kept.
-  No partner this round (n not a power of two): True at once.
-- ``after_step(k)``: every ``gossipgrad_model_every`` gradient rounds, begin a model-averaging
-  round with the partner of the next round (D-PSGD's round on parameters, message
-  GossipModelShare); ``may_step(k + 1)`` is False until it finished or timed out.
+  On model rounds the parameter mix is queued too (``add_delta``). No partner this round (n
+  not a power of two): True at once.
+- ``may_step`` True, ``after_step`` [] (all the waiting is in ``gradient_ready``).
 
-Why model averaging too: gradient averaging alone keeps models equal only if they start equal
-and every peer sees the same averaged gradient; with a single partner the averaged gradients
-differ, so models drift apart (boundedly for a fixed learning rate), and a late joiner's model
-would never be pulled in. The paper relies on identical starts; occasional pairwise model
-averaging bounds the drift and admits joiners (``gossipgrad_model_every = 0`` turns it off).
+Why parameters too: gradient averaging alone keeps models equal only if they start equal and
+every peer applies the same averaged gradient; with a single partner the averaged gradients
+differ, so models drift apart (boundedly for a decaying learning rate), and a late joiner's
+model would never be pulled in. The paper relies on identical starts; averaging the parameters
+with the same partner every few rounds bounds the drift and admits joiners at no extra round
+trip (``gossipgrad_model_every = 0`` turns it off). Both partners agree on which rounds carry
+parameters because the round number is shared (``model_round``).
 
 Invariants: the gradient mix on a symmetric pairing preserves the swarm's mean gradient, so the
-mean model follows mean-gradient SGD; the model rounds preserve the mean (``rounds.py``).
+mean model follows mean-gradient SGD; the parameter mix preserves the mean (``rounds.py``).
 Rounds are numbered by the peers and aligned as in ``rounds.py``. Waits for the partner each
 step (as the paper's synchronous variant): a straggler slows its partners, up to the timeout.
+On a rotating pairing a peer that lags by a few rounds (after churn) meets partners that have
+moved on and pays round timeouts until it is caught up (keep ``round_timeout_s`` a few steps).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AveragingConfig, ModelPort, check_params
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -56,91 +61,102 @@ class GradientShare:
 
 @message(27)
 @dataclass(frozen=True)
-class GossipModelShare:
-    round: int  # the sender's model-averaging round
+class GradientModelShare:
+    round: int  # a round that averages parameters too (model_round(round, gossipgrad_model_every))
     step: int
     degree: int
     model_key: str
-    params: np.ndarray
+    grad: np.ndarray
+    params: np.ndarray  # the parameters the gradient was computed at
 
 
-class GossipGraD:
+def _mix64(r: int) -> int:
+    """splitmix64's finaliser: a well-spread 64-bit hash of the round number."""
+    z = (r + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+_MASK = (1 << 64) - 1
+
+
+def model_round(r: int, every: int) -> bool:
+    """Whether gradient round r also averages parameters: a pseudo-random one round in ``every``,
+    picked by a hash of r, so both partners agree without talking and the parameter rounds'
+    partners cycle through all hypercube dimensions whatever log2 n is (a plain
+    r % every == 0 meets the same partner forever when log2 n divides ``every``)."""
+    return every > 0 and _mix64(r) % every == 0
+
+
+class GossipGraD(AsynchronousHooks):
     """Rotating-partner gradient gossip (module docstring)."""
 
     name = "gossipgrad"
     natural_topology = "hypercube"
-    MESSAGES = (GradientShare, GossipModelShare)
+    MESSAGES = (GradientShare, GradientModelShare)
     wants_gradient = True
 
     def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float) -> None:
         self.config = config
         self.port = port
-        self.stats: dict[str, int] = {}
-        self._grads = NeighbourRounds(config.round_timeout_s, self.stats)
-        self._models = NeighbourRounds(config.round_timeout_s, self.stats, prefix="model_")
+        self.stats: dict[str, int] = {"model_rounds": 0}
+        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats)
+        self._with_model = False
 
     def topology_round(self) -> int:
-        return self._grads.next_round()
+        return self._rounds.next_round()
 
     def busy(self) -> bool:
-        return self._grads.waiting or self._models.waiting
+        return self._rounds.waiting
 
     def next_deadline(self) -> float:
-        return min(self._grads.deadline, self._models.deadline)
-
-    def _tau(self):
-        return self.config.staleness_tau if self.config.staleness_aware else None
+        return self._rounds.deadline
 
     def _poll(self, now: float) -> None:
-        if self._grads.ready(now):
-            mixed = self._grads.finish(self.port.step, self._tau())
-            if mixed.received:
-                self.port.set_gradient(mixed.payload[0])
-        if self._models.ready(now):
-            mixed = self._models.finish(self.port.step, self._tau())
-            if mixed.received:
-                self.port.add_delta(mixed.deltas[0])
+        if not self._rounds.ready(now):
+            return
+        tau = self.config.staleness_tau if self.config.staleness_aware else None
+        mixed = self._rounds.finish(self.port.step, tau)
+        if mixed.received:
+            self.port.set_gradient(mixed.payload[0])
+            if self._with_model:
+                self.port.add_delta(mixed.deltas[1])
+                self.stats["model_rounds"] += 1
 
     # -- step hooks ---------------------------------------------------------------------------
-    def may_step(self, step: int, now: float) -> bool:
-        self._poll(now)
-        return not self._models.waiting
-
     def on_gradient(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
-        if self._grads.waiting:
+        if self._rounds.waiting:
             raise LocalProtocolError("on_gradient() before gradient_ready() turned True")
         grad = self.port.gradient()
-        r = self._grads.begin(now, neighbours, (grad,))
-        msg = GradientShare(r, self.port.step, len(neighbours), self.port.model_key, grad)
+        self._with_model = model_round(self._rounds.next_round(), self.config.gossipgrad_model_every)
+        key, d = self.port.model_key, len(neighbours)
+        if self._with_model:
+            params = self.port.snapshot()
+            r = self._rounds.begin(now, neighbours, (grad, params))
+            msg: object = GradientModelShare(r, self.port.step, d, key, grad, params)
+        else:
+            r = self._rounds.begin(now, neighbours, (grad,))
+            msg = GradientShare(r, self.port.step, d, key, grad)
         self._poll(now)
         return [Send(j, msg) for j in neighbours]
 
     def gradient_ready(self, step: int, now: float) -> bool:
         self._poll(now)
-        return not self._grads.waiting
-
-    def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
-        every = self.config.gossipgrad_model_every
-        done = self._grads.round  # gradient rounds finished so far (the next one's number)
-        if not every or done % every or self._models.waiting:
-            return []
-        self._models.advance_to(done // every)  # both partners derive it from the shared round
-        snapshot = self.port.snapshot()
-        r = self._models.begin(now, neighbours, (snapshot,))
-        msg = GossipModelShare(r, self.port.step, len(neighbours), self.port.model_key, snapshot)
-        self._poll(now)
-        return [Send(j, msg) for j in neighbours]
+        return not self._rounds.waiting
 
     # -- network ------------------------------------------------------------------------------
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
         if isinstance(msg, GradientShare):
             check_params(msg.grad, msg.model_key, self.port)
-            self._grads.offer(src, msg.round, msg.degree, msg.step, (msg.grad,))
-        elif isinstance(msg, GossipModelShare):
+            payload: tuple = (msg.grad,)
+        elif isinstance(msg, GradientModelShare):
+            check_params(msg.grad, msg.model_key, self.port)
             check_params(msg.params, msg.model_key, self.port)
-            self._models.offer(src, msg.round, msg.degree, msg.step, (msg.params,))
+            payload = (msg.grad, msg.params)
         else:
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a GossipGraD message")
+        self._rounds.offer(src, msg.round, msg.degree, msg.step, payload)
         self._poll(now)
         return []
 

@@ -5,6 +5,21 @@ congestion-control registry). Adding an algorithm is one new module plus one lin
 class takes ``(config, port, rng, now)`` and carries ``name``, ``natural_topology``,
 ``MESSAGES`` and ``wants_gradient``.
 
+Step hooks as implemented (k = the trainer's step; "-" = the AsynchronousHooks no-op, which the
+trainer's proxy skips entirely):
+
+    name        may_step(k+1)              on_gradient / gradient_ready(k)   after_step(k)
+    dpsgd       False until round r done   -                                 params -> all neighbours
+    adpsgd      -                          -                                 -   (tick: pairwise exchange)
+    sgp         -                          -                                 half (z, w) -> one out-peer
+    elastic     -                          -                                 -   (tick: pairwise exchange)
+    gossipgrad  -                          grad (+params some rounds) ->     -
+                                           partner / False until it replied
+    diloco      False from every H-th      -                                 at k % H == 0: (theta_start,
+                step until the outer step                                    Delta) -> all neighbours
+
+"Done" always includes "or the round timeout passed": no hook waits unboundedly.
+
 Importing this module registers every algorithm's wire messages (tags 20..39).
 """
 

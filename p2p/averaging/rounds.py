@@ -8,18 +8,25 @@ the round timeout passed, then mixes with Metropolis-Hastings weights
     v_i <- v_i + sum_j w_ij (v_j - v_i),   w_ij = 1 / (1 + max(d_i, d_j))  [x staleness factor]
 
 over the vectors that arrived. A missing neighbour is dropped from that round: its weight stays
-on v_i, so the row stays stochastic (the swarm mean drifts by that one asymmetric term).
+on v_i, so the row stays stochastic (the swarm mean drifts by that one asymmetric term). Vectors
+from more senders than we have neighbours (membership views that disagree) are scaled down so
+that v_i keeps at least 1/(1 + d_i), as in any Metropolis-Hastings row: the mix stays convex.
 
 States: idle (between rounds) and waiting (round r begun, ``deadline`` set). Vectors for later
 rounds are buffered (at most ``MAX_BUFFERED_ROUNDS`` rounds, one vector per sender per round);
 vectors for rounds already finished are late: counted and dropped, never mixed.
 
-Round alignment without a clock: rounds are numbered by the peers, not by time. A peer that
-falls behind (a joiner starting at 0, a straggler whose neighbours timed out on it) learns it
-from a vector two or more rounds ahead of it: in lock step on a symmetric graph a neighbour can
-be at most one round ahead (it needs our vector for the round in between). Such a vector ends
-the current wait at once, and the next round begins at the highest round buffered. So a joiner
-costs at most one round timeout; a lying peer can only push rounds forward, costing the same.
+Round alignment without a clock: rounds are numbered by the peers, not by time. A neighbour
+may legitimately be ahead of us: by one round on a static symmetric graph (it needs our vector
+for the round in between), by up to the period (log2 n) on a rotating one (it needs us only
+once per period). A peer is BEHIND when a vector arrives ``LEAD`` or more rounds ahead (more
+than any period: a joiner or restarted peer meeting an established swarm), or when it finished
+a round short of vectors while a vector two or more rounds ahead is buffered (it is out of step:
+a joiner meeting a young swarm times out once; two joiners paired with each other at round 0).
+Being behind ends the current wait at once and the next round begins at the highest round
+buffered. So a joiner costs at most one round timeout; a lying peer can only push rounds
+forward, costing the same. A peer that lags by less (a straggler) keeps its lag: its
+neighbours find its vectors in time or drop it from a round.
 
 Invariants: ``round`` never decreases; nothing is mixed twice; at most one round in flight.
 """
@@ -35,9 +42,10 @@ from p2p.averaging.base import staleness_weight
 from p2p.protocol import RemoteProtocolError
 
 INF = float("inf")
-MAX_BUFFERED_ROUNDS = 4  # future rounds kept per peer (a joiner needs only the newest)
+MAX_BUFFERED_ROUNDS = 16  # future rounds kept (>= LEAD: a peer catching up finds every round it needs)
 MAX_SENDERS_PER_ROUND = 1024  # vectors kept per round (bounds memory under a flood)
 MAX_DEGREE = 1 << 20
+LEAD = 16  # a vector this many rounds ahead means we fell behind (more than any rotation period, log2 n)
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,7 @@ class NeighbourRounds:
         self.round = 0  # the current round while waiting; the next one to begin while idle
         self.waiting = False
         self.deadline = INF
-        self._abort = False
+        self._behind = False  # a neighbour is far enough ahead that we should jump
         self._expected = 0
         self._degree = 0
         self._own: tuple[np.ndarray, ...] = ()
@@ -79,13 +87,20 @@ class NeighbourRounds:
     def _count(self, name: str) -> None:
         self.stats[self._k[name]] += 1
 
+    def buffered(self) -> list[int]:
+        """The rounds holding neighbours' vectors, oldest first (for tests and status)."""
+        return sorted(self._inbox)
+
+    @property
+    def behind(self) -> bool:
+        """We fell behind: the next ``begin`` jumps to the highest round buffered."""
+        return self._behind
+
     def next_round(self) -> int:
-        """The round the next ``begin`` uses: ours, or the highest buffered one if a neighbour is
-        two or more rounds ahead (we fell behind)."""
-        if self.waiting:
+        """The round the next ``begin`` uses: ours, or the highest buffered one if we fell behind."""
+        if self.waiting or not self._behind:
             return self.round
-        ahead = max(self._inbox, default=self.round)
-        return ahead if ahead >= self.round + 2 else self.round
+        return max(self._inbox, default=self.round)
 
     def begin(self, now: float, neighbours: Sequence[str], payload: tuple[np.ndarray, ...]) -> int:
         """Start the next round with our ``payload``; returns its number (tag the sends with it)."""
@@ -96,7 +111,7 @@ class NeighbourRounds:
             self._count("jumps")
             self._inbox = {k: v for k, v in self._inbox.items() if k >= r}
         self.round = r
-        self.waiting, self._abort = True, False
+        self.waiting, self._behind = True, False
         self.deadline = now + self.timeout_s
         self._expected = self._degree = len(neighbours)
         self._own = payload
@@ -126,24 +141,16 @@ class NeighbourRounds:
             self._count("overflow")
             return False
         box[src] = Entry(degree, step, payload)
-        if self.waiting and round >= self.round + 2:
-            self._abort = True  # we fell behind: stop waiting for a round nobody will finish
+        if round >= self.round + LEAD:
+            self._behind = True  # stop waiting for a round nobody will finish; jump at begin
         return True
-
-    def advance_to(self, round: int) -> None:
-        """Skip ahead to ``round`` while idle (an algorithm aligning two round counters)."""
-        if self.waiting:
-            raise AssertionError("advance_to() while a round is in flight")
-        if round > self.round:
-            self.round = round
-            self._inbox = {k: v for k, v in self._inbox.items() if k >= round}
 
     def ready(self, now: float) -> bool:
         """The round in flight can be finished (all in, timed out, or we fell behind)."""
         if not self.waiting:
             return False
         got = len(self._inbox.get(self.round, ()))
-        return got >= self._expected or now >= self.deadline or self._abort
+        return got >= self._expected or now >= self.deadline or self._behind
 
     def finish(self, my_step: int, staleness_tau: Optional[float] = None) -> Mixed:
         """Mix what arrived for the round in flight and move to the next round."""
@@ -152,17 +159,25 @@ class NeighbourRounds:
         box = self._inbox.pop(self.round, {})
         own = self._own
         acc = [np.zeros_like(a) for a in own]
-        for entry in box.values():
-            w = 1.0 / (1.0 + max(self._degree, entry.degree))
-            if staleness_tau is not None:
-                w *= staleness_weight(my_step, entry.step, staleness_tau)
+        weights = [1.0 / (1.0 + max(self._degree, e.degree)) for e in box.values()]
+        if staleness_tau is not None:
+            weights = [w * staleness_weight(my_step, e.step, staleness_tau) for w, e in zip(weights, box.values())]
+        # A Metropolis-Hastings row leaves at least 1/(1 + d_i) on ourselves. More senders than
+        # neighbours (views that disagree) must not push our own weight below that: scale down.
+        cap = self._degree / (1.0 + self._degree)
+        total = sum(weights)
+        if total > cap:
+            weights = [w * cap / total for w in weights]
+        for w, entry in zip(weights, box.values()):
             for k, (mine, theirs) in enumerate(zip(own, entry.payload)):
                 acc[k] += np.float32(w) * (theirs - mine)
         mixed = tuple(mine + delta for mine, delta in zip(own, acc))
         self._count("exchanges_completed")
         if len(box) < self._expected:
             self._count("rounds_partial")
+        if len(box) < self._expected and max(self._inbox, default=-1) >= self.round + 2:
+            self._behind = True  # out of step: we missed vectors while others are 2+ rounds on
         result = Mixed(mixed, tuple(acc), len(box), self._expected)
         self.round += 1
-        self.waiting, self._abort, self.deadline, self._own = False, False, INF, ()
+        self.waiting, self.deadline, self._own = False, INF, ()
         return result

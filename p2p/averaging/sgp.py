@@ -21,7 +21,8 @@ update scaled by w_i, and w_i stays near 1 on the one-peer exponential graph (ev
 half and receives one half per step), so this is a rescaled learning rate, not a bias.
 
 Hooks: never waits. ``may_step`` / ``gradient_ready`` True, ``after_step(k)`` pushes the share
-for round r to ``neighbours[r % len]`` (one peer on the natural topology), ``receive`` mixes.
+for round r to the one neighbour of the natural topology (from a longer list: one uniformly at
+random), ``receive`` mixes.
 
 Invariants. Mass: sum_i w_i + (weight in flight) is exactly conserved with no loss (halving is
 exact in binary floating point; the simulator checks it to 1e-9), as is sum_i w_i z_i. Each w_i
@@ -70,6 +71,7 @@ class PushSum(AsynchronousHooks):
     def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float) -> None:
         self.config = config
         self.port = port
+        self.rng = rng
         self.weight = 1.0  # push-sum weight w_i
         self._round = 0
         self.stats = {"exchanges_started": 0, "exchanges_completed": 0, "shares_sent": 0,
@@ -93,7 +95,9 @@ class PushSum(AsynchronousHooks):
         if not neighbours:
             self.stats["alone"] += 1
             return []
-        target = neighbours[r % len(neighbours)]
+        # One out-peer: the natural topology lists exactly one; from a longer list pick uniformly
+        # (Kempe et al.'s push-sum), which keeps in-degrees, hence weights, balanced on average.
+        target = neighbours[0] if len(neighbours) == 1 else neighbours[self.rng.randrange(len(neighbours))]
         share = self.weight * 0.5
         self.weight = share
         self.stats["shares_sent"] += 1

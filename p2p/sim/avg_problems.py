@@ -12,8 +12,6 @@ it, and an algorithm that averages with a bias converges to the wrong point.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
 
@@ -30,6 +28,7 @@ class Quadratics:
         self.Hc = np.einsum("pde,pe->pd", self.H, self.centres)
         self.c0 = 0.5 * np.einsum("pm,pm->p", self.b, self.b)  # f_i(x) = x'Hx/2 - x'Hc + c0
         self.lipschitz = float(np.linalg.eigvalsh(self.H).max())
+        self._optima: dict[tuple[int, ...], tuple[np.ndarray, float]] = {}
 
     def grad(self, i: int, x: np.ndarray) -> np.ndarray:
         """grad f_i(x) in float64."""
@@ -41,9 +40,11 @@ class Quadratics:
         h, hc, c0 = self.H[idx].mean(0), self.Hc[idx].mean(0), self.c0[idx].mean()
         return float(0.5 * x @ h @ x - x @ hc + c0)
 
-    @lru_cache(maxsize=256)
     def optimum(self, live: tuple[int, ...]) -> tuple[np.ndarray, float]:
-        """(x*_S, F_S(x*_S)) for the live set S (a sorted tuple of peer indices)."""
-        idx = list(live)
-        x = np.linalg.solve(self.H[idx].sum(0), self.Hc[idx].sum(0))
-        return x, self.loss(live, x)
+        """(x*_S, F_S(x*_S)) for the live set S (a sorted tuple of peer indices), memoised."""
+        found = self._optima.get(live)
+        if found is None:
+            idx = list(live)
+            x = np.linalg.solve(self.H[idx].sum(0), self.Hc[idx].sum(0))
+            found = self._optima[live] = (x, self.loss(live, x))
+        return found

@@ -9,7 +9,7 @@ string, so the same arguments replay the same run bit for bit. Nothing reads the
 
 Every peer has an ``ArrayPort`` (the FlatParams semantics: deltas queue and land at the next
 step boundary), an averager from ``p2p.averaging.registry``, and a simulated trainer that runs
-exactly the loop the real trainer must run (see the lead's notes in the registry report):
+the loop of the real one (p2p/trainer.py with p2p/step_hooks.py):
 
     READY      -- may_step(k+1)? -- apply queued deltas, compute grad f_i(x) ----> COMPUTING
     COMPUTING  -- after compute_s: wants_gradient? on_gradient(k+1) ------------> GRAD_WAIT
@@ -30,8 +30,9 @@ counted by reason and dropped, as the real driver does.
 
 Churn: ``churn.joins`` peers start and ``churn.crashes`` peers crash at seeded times inside
 ``churn.window`` (fractions of the nominal training time). A joiner starts from the common
-initial model (plus its init noise), with the step counter of the swarm (as a state transfer of
-the step count would give it), so every peer trains to the same final step. Stragglers compute
+initial model (plus its init noise), with the step counter of the live peer it joins through (as
+a state transfer of the step count would give it), so every peer trains to about the same final
+step. Stragglers compute
 ``straggler_factor`` times slower.
 
 Invariants (checked after every event): push-sum mass, sum_i w_i + weight in flight ==
@@ -77,10 +78,15 @@ class Churn:
     detect_s: float = 0.2  # a crashed peer stays in the others' member lists this long
 
 
-def sim_averaging_config(compute_s: float = 0.05, **overrides: Any) -> AveragingConfig:
-    """AveragingConfig scaled to the simulator's step time (one exchange per step or so)."""
-    base = dict(interval_s=compute_s, exchange_timeout_s=10 * compute_s, round_timeout_s=10 * compute_s,
-                diloco_inner_steps=10, gossipgrad_model_every=4)
+def sim_averaging_config(compute_s: float = 0.05, algorithm: Optional[str] = None,
+                         **overrides: Any) -> AveragingConfig:
+    """AveragingConfig scaled to the simulator's step time: one exchange per step or so, rounds
+    time out after 10 steps; DiLoCo's after 2 H steps (its boundary wait must absorb the time
+    lag between peers, which grows up to H steps of speed difference)."""
+    inner = overrides.get("diloco_inner_steps", 10)
+    timeout = (2 * inner if algorithm == "diloco" else 10) * compute_s
+    base = dict(interval_s=compute_s, exchange_timeout_s=10 * compute_s, round_timeout_s=timeout,
+                diloco_inner_steps=inner, gossipgrad_model_every=4)
     base.update(overrides)
     return AveragingConfig(**base)
 
@@ -145,7 +151,7 @@ class AvgSimulation:
         self.delay_s, self.jitter_s = delay_s, jitter_s
         self.churn, self.compute_s, self.compute_jitter = churn, compute_s, compute_jitter
         self.lr, self.lr_decay_steps, self.noise = lr, lr_decay_steps, noise
-        self.config = config or sim_averaging_config(compute_s)
+        self.config = config or sim_averaging_config(compute_s, algorithm)
         self.linger_s, self.sample_every_s, self.wire = linger_s, sample_every_s, wire
         self.check_invariants = check_invariants
         self.rng = random.Random(f"{seed}:avgsim")
@@ -254,8 +260,8 @@ class AvgSimulation:
 
     # -- scenario events --------------------------------------------------------------------
     def _join(self, i: int) -> None:
-        live = self._live()
-        step0 = max((self.peers[j].port.step for j in live), default=0)
+        live = self._live()  # the joiner copies the step count of the peer it joins through
+        step0 = self.peers[live[self.rng.randrange(len(live))]].port.step if live else 0
         port = ArrayPort(self.inits[i], model_key=f"quadratic/{self.problem.dim}")
         port.step = step0
         now = self.now
@@ -266,8 +272,7 @@ class AvgSimulation:
         self._set_members(sorted(set(self.members) | {self.addrs[i]}))
         if hasattr(avg, "weight"):
             self.weight_expected += avg.weight
-        self._reschedule(i)
-        self._advance(i)
+        self._touch(i)
 
     def _crash(self) -> None:
         live = self._live()
@@ -327,8 +332,10 @@ class AvgSimulation:
         self._touch(dst)
 
     def _touch(self, i: int) -> None:
-        self._reschedule(i)
+        """Re-poll the peer's trainer, then make sure its averager's next deadline is scheduled
+        (hooks called by the trainer may have started a round with a new deadline)."""
         self._advance(i)
+        self._reschedule(i)
 
     def _reschedule(self, i: int) -> None:
         p = self.peers[i]
