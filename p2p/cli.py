@@ -43,6 +43,18 @@ def _check_address(flag: str, value: str, *, allow_wildcard: bool = True) -> str
     return value
 
 
+# Names the CLI offers, kept here so --help needs no heavy imports; tests check they match
+# the registries (p2p.averaging.registry.ALGORITHMS, p2p.topology.TOPOLOGIES).
+ALGORITHM_NAMES = ("dpsgd", "adpsgd", "sgp", "elastic", "gossipgrad", "diloco")
+TOPOLOGY_NAMES = ("ring", "torus", "exponential", "one-peer-exponential", "hypercube", "random", "full")
+MEMBERSHIP_PRESETS = ("lan", "wan", "local")
+
+
+def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise CliError(f"{flag}: unknown value {value!r} (choose from {', '.join(choices)})")
+
+
 def _positive(flag: str, value: Optional[float], *, allow_zero: bool = False) -> None:
     if value is not None and (value < 0 or (value == 0 and not allow_zero)):
         raise CliError(f"{flag} must be {'>= 0' if allow_zero else '> 0'}, got {value:g}")
@@ -63,8 +75,14 @@ def start(
     duration: Optional[float] = typer.Option(None, help="Train this many seconds, linger, then exit."),
     linger: Optional[float] = typer.Option(10.0, help="Seconds to keep averaging after training (-1: until stopped)."),
     join_timeout: float = typer.Option(30.0, help="Seconds to keep retrying --join addresses."),
+    algorithm: str = typer.Option("adpsgd", help="Averaging algorithm: " + ", ".join(ALGORITHM_NAMES) + "."),
+    topology: Optional[str] = typer.Option(None, help="Topology: " + ", ".join(TOPOLOGY_NAMES) + " (default: the algorithm's own)."),
+    membership: str = typer.Option("lan", help="Membership timer preset: lan, wan or local (fast, for one machine)."),
     avg_interval: float = typer.Option(0.05, help="Seconds between averaging exchanges."),
     exchange_timeout: float = typer.Option(2.0, help="Seconds before an unanswered exchange is dropped."),
+    round_timeout: float = typer.Option(5.0, help="Synchronous algorithms stop waiting for a missing neighbour after this."),
+    diloco_inner_steps: int = typer.Option(50, help="DiLoCo: local steps between outer synchronisations."),
+    staleness_aware: bool = typer.Option(False, help="Down-weight partners whose models are many steps behind."),
     eval_every: float = typer.Option(2.0, help="Seconds between held-out evaluations."),
     log_every: float = typer.Option(2.0, help="Seconds between progress lines (0: none)."),
     threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
@@ -73,6 +91,7 @@ def start(
 ) -> None:
     """Run one node in the foreground until SIGINT/SIGTERM (or --steps/--duration)."""
     from p2p.averaging.base import AveragingConfig
+    from p2p.gossip.config import PRESETS as MEMBERSHIP_CONFIGS
     from p2p.task import Shard, TaskError, load_task
 
     _check_address("--listen", listen)
@@ -94,6 +113,13 @@ def start(
         _positive(flag, value)
     for flag, value in (("--avg-interval", avg_interval), ("--log-every", log_every)):
         _positive(flag, value, allow_zero=True)
+    _check_choice("--algorithm", algorithm, ALGORITHM_NAMES)
+    if topology is not None:
+        _check_choice("--topology", topology, TOPOLOGY_NAMES)
+    _check_choice("--membership", membership, MEMBERSHIP_PRESETS)
+    _positive("--round-timeout", round_timeout)
+    if diloco_inner_steps < 1:
+        raise CliError(f"--diloco-inner-steps must be >= 1, got {diloco_inner_steps}")
     if slowdown < 1.0:
         raise CliError(f"--slowdown must be >= 1, got {slowdown:g}")
     if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -120,7 +146,10 @@ def start(
         shard=shard_value, device=device, steps=steps, duration_s=duration,
         linger_s=None if linger is not None and linger < 0 else linger, join_timeout_s=join_timeout,
         eval_every_s=eval_every, log_every_s=log_every, slowdown=slowdown,
-        averaging=AveragingConfig(interval_s=avg_interval, exchange_timeout_s=exchange_timeout),
+        algorithm=algorithm, topology=topology, membership=MEMBERSHIP_CONFIGS[membership](),
+        averaging=AveragingConfig(interval_s=avg_interval, exchange_timeout_s=exchange_timeout,
+                                  round_timeout_s=round_timeout, diloco_inner_steps=diloco_inner_steps,
+                                  staleness_aware=staleness_aware),
     )
     try:
         node = Node(config, task_obj, print_line=lambda line: print(line, flush=True))
@@ -168,7 +197,8 @@ def demo(
     duration: Optional[float] = typer.Option(None, help="Train for this many seconds instead of --steps."),
     task: str = typer.Option("synthetic", help="Built-in task name or MODULE:ATTR."),
     seed: int = typer.Option(0, help="Run seed."),
-    algorithm: str = typer.Option("adpsgd", help="Averaging algorithm."),
+    algorithm: str = typer.Option("adpsgd", help="Averaging algorithm: " + ", ".join(ALGORITHM_NAMES) + "."),
+    topology: Optional[str] = typer.Option(None, help="Topology (default: the algorithm's own)."),
     as_json: bool = typer.Option(False, "--json", help="Print only the summary, as one JSON object, on stdout."),
     base_port: int = typer.Option(0, help="First port to use (0: pick free ports)."),
     live: bool = typer.Option(True, help="Show the live view on stderr."),
@@ -182,12 +212,16 @@ def demo(
     if steps is not None and steps < 1:
         raise CliError(f"--steps must be >= 1, got {steps}")
     _positive("--duration", duration)
-    if algorithm != "adpsgd":
-        raise CliError(f"--algorithm: unknown algorithm {algorithm!r} (available: adpsgd)")
+    _check_choice("--algorithm", algorithm, ALGORITHM_NAMES)
+    if topology is not None:
+        _check_choice("--topology", topology, TOPOLOGY_NAMES)
     if not 0 <= base_port < 65536 - peers:
         raise CliError(f"--base-port must leave room for {peers} ports")
+    from p2p.averaging.registry import natural_topology
+
     config = DemoConfig(peers=peers, steps=steps, duration_s=duration, task=task, seed=seed,
-                        algorithm=algorithm, base_port=base_port, live=live, log_dir=keep_logs)
+                        algorithm=algorithm, topology=topology or natural_topology(algorithm),
+                        base_port=base_port, live=live, log_dir=keep_logs)
     try:
         summary = run_demo(config)
     except DemoError as exc:

@@ -75,6 +75,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     ports = (list(range(config.base_port, config.base_port + config.peers)) if config.base_port
              else free_ports(config.peers))
     node_args = ["--task", config.task, "--seed", str(config.seed), "--linger", "-1",
+                 "--algorithm", config.algorithm, "--topology", config.topology, "--membership", "local",
                  "--log-every", "0", "--eval-every", "1", "--join-timeout", str(config.start_timeout_s)]
     node_args += ["--steps", str(steps)] if steps is not None else ["--duration", str(config.duration_s)]
     per_peer = [["--shard", f"{i}/{config.peers}"] for i in range(config.peers)]

@@ -22,16 +22,16 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from p2p.averaging.adpsgd import PairwiseGossip
 from p2p.averaging.base import AveragingConfig
+from p2p.averaging.registry import make_averager, natural_topology
 from p2p.control import StateReply
 from p2p.driver import NetworkDriver
 from p2p.flat import FlatParams
-from p2p.membership_factory import MembershipConfig, make_membership
+from p2p.gossip import Membership, MembershipConfig
 from p2p.peer import Peer
 from p2p.step_hooks import StepHooks
 from p2p.task import Shard, Task
-from p2p.topology import full
+from p2p.topology import get_topology
 from p2p.trainer import TrainingLoop, TrainingState
 from p2p.transport import Transport, TransportConfig
 
@@ -59,6 +59,8 @@ class NodeConfig:
     eval_every_s: float = 2.0  # held-out evaluation period
     log_every_s: float = 2.0  # progress line period (0: none)
     slowdown: float = 1.0  # test-only straggler knob: each step takes this many times longer
+    algorithm: str = "adpsgd"  # averaging algorithm (p2p.averaging.registry)
+    topology: Optional[str] = None  # topology name (p2p.topology); None: the algorithm's natural one
     averaging: AveragingConfig = AveragingConfig()
     membership: MembershipConfig = field(default_factory=MembershipConfig.local)
     transport: TransportConfig = TransportConfig()
@@ -66,6 +68,10 @@ class NodeConfig:
     @property
     def id(self) -> str:
         return self.node_id or self.advertise
+
+    @property
+    def topology_name(self) -> str:
+        return self.topology or natural_topology(self.algorithm)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -115,10 +121,13 @@ class Node:
         self.port = _ModelPort(self.flat, self.state, f"{task.name}/{self.flat.numel}")
         now = time.monotonic()
         rng = random.Random(seed)
-        membership = make_membership(config.membership, config.id, config.advertise, rng, now)
-        averager = PairwiseGossip(config.averaging, self.port, rng, now)
-        self.peer = Peer(config.advertise, membership, averager, full)
-        self.hooks = StepHooks(averager, gate_timeout_s=3 * config.averaging.exchange_timeout_s)
+        membership = Membership(config.membership, config.id, config.advertise, rng, now)
+        averager = make_averager(config.algorithm, config.averaging, self.port, rng, now)
+        self.peer = Peer(config.advertise, membership, averager, get_topology(config.topology_name))
+        avg = config.averaging
+        # A safety net only: the algorithms' own round/exchange timeouts release the trainer first.
+        self.hooks = StepHooks(averager, gate_timeout_s=3 * max(
+            avg.exchange_timeout_s, avg.round_timeout_s * avg.diloco_gossip_rounds))
         self.loop = TrainingLoop(task, self.model, self.flat, self.optimizer,
                                  task.train_batches(config.shard, seed), self.device, self.state,
                                  config.eval_every_s, config.slowdown, self.hooks)
@@ -133,7 +142,7 @@ class Node:
             "id": self.config.id, "addr": self.config.advertise, "task": self.config.task,
             "device": str(self.device), "phase": s.phase, "step": s.step, "loss": s.loss,
             "accuracy": s.accuracy, "eval_loss": s.eval_loss, "steps_per_s": s.steps_per_s,
-            "algorithm": self.peer.averager.name, "topology": "full",
+            "algorithm": self.peer.averager.name, "topology": self.config.topology_name,
             "neighbours": self.peer.neighbours(),
             "members": [_member_row(m, time.monotonic()) for m in self.peer.membership.table()],
             "bytes_sent": t.bytes_sent, "bytes_received": t.bytes_received,

@@ -21,18 +21,20 @@ class Peer:
         self.membership = membership
         self.averager = averager
         self.topology = topology
-        self._membership_types = tuple(membership.MESSAGES)
         self._averaging_types = tuple(averager.MESSAGES)
 
     def neighbours(self) -> list[str]:
+        """This round's neighbours: the topology over the members believed alive (by address,
+        so every peer computes the same graph from the same view without talking about it)."""
         alive = [m.addr for m in self.membership.alive()]
-        return self.topology(self.addr, alive)
+        round_of = getattr(self.averager, "topology_round", None)
+        return self.topology(self.addr, alive, round_of() if round_of else 0)
 
     def start(self, seeds: Sequence[str], now: float) -> list[Send]:
         return self.membership.start(seeds, now)
 
     def receive(self, src: str, msg: object, now: float) -> list[Send]:
-        if isinstance(msg, self._membership_types):
+        if self.membership.owns(msg):
             return self.membership.receive(src, msg, now)
         if isinstance(msg, self._averaging_types):
             return self.averager.receive(src, msg, now, self.neighbours())

@@ -38,6 +38,8 @@ def one_error_line(lines):
     (["--listen", "127.0.0.1:7000", "--task", "nodes.synthetic:Nope"], "has no attribute 'Nope'"),
     (["--listen", "127.0.0.1:7000", "--task", "mnist"], "unknown task 'mnist'"),
     (["--listen", "127.0.0.1:7000", "--device", "cuda:0"], "CUDA is not available"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "allreduce"], "--algorithm: unknown value 'allreduce'"),
+    (["--listen", "127.0.0.1:7000", "--topology", "star"], "--topology: unknown value 'star'"),
 ])
 def test_bad_flags_and_task_specs(args, needle):
     if "--device" in args:
@@ -72,3 +74,14 @@ def test_join_address_that_never_answers_gives_up_after_the_timeout():
     line = one_error_line([l for l in err if "WARNING" not in l])
     assert "no --join peer answered within 2s" in line and f"127.0.0.1:{silent}" in line
     assert elapsed >= 2.0  # it kept retrying for the whole timeout
+
+
+def test_cli_choices_match_the_registries():
+    from p2p.averaging.registry import ALGORITHMS
+    from p2p.cli import ALGORITHM_NAMES, MEMBERSHIP_PRESETS, TOPOLOGY_NAMES
+    from p2p.gossip.config import PRESETS
+    from p2p.topology import TOPOLOGIES
+
+    assert set(ALGORITHM_NAMES) == set(ALGORITHMS)
+    assert set(TOPOLOGY_NAMES) == set(TOPOLOGIES)
+    assert set(MEMBERSHIP_PRESETS) == set(PRESETS)

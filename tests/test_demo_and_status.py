@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 
 def test_demo_json_summary_matches_the_reference(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "p2p", "demo", "--peers", "3", "--steps", "400", "--seed", "1", "--json"],
+        [sys.executable, "-m", "p2p", "demo", "--peers", "3", "--seed", "1", "--json"],
         capture_output=True, text=True, timeout=240, env={**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout)  # stdout holds exactly one JSON object
@@ -24,7 +24,7 @@ def test_demo_json_summary_matches_the_reference(tmp_path):
     assert len(summary["peers"]) == 3
     for peer in summary["peers"]:
         assert set(peer) == {"id", "steps", "loss", "accuracy", "bytes_sent", "bytes_received"}
-        assert peer["steps"] == 400
+        assert peer["steps"] == 800  # the task's demo default
         assert abs(peer["accuracy"] - summary["reference_accuracy"]) <= 0.02, summary
         assert peer["bytes_sent"] > 0 and peer["bytes_received"] > 0
     assert 0.7 < summary["reference_accuracy"] < 0.95
@@ -33,7 +33,7 @@ def test_demo_json_summary_matches_the_reference(tmp_path):
 
 
 def test_status_prints_the_member_table(tmp_path):
-    args = ["--task", "synthetic", "--log-every", "0", "--linger", "-1"]
+    args = ["--task", "synthetic", "--membership", "local", "--log-every", "0", "--linger", "-1"]
     with LocalSwarm(2, tmp_path, args) as swarm:
         swarm.start()
         wait_until(lambda: (s := swarm.status(1)) and len(s["members"]) == 2, 60, what="peers to meet")

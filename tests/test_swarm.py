@@ -12,7 +12,7 @@ from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
 
-FAST = ["--task", "synthetic", "--log-every", "0", "--eval-every", "0.5", "--join-timeout", "30",
+FAST = ["--task", "synthetic", "--membership", "local", "--log-every", "0", "--eval-every", "0.5", "--join-timeout", "30",
         "--exchange-timeout", "1"]
 
 

@@ -15,3 +15,8 @@ SAMPLES = [
     StateRequest(),
     StateReply(step=5, model_key="synthetic/12", params=PARAMS),
 ]
+
+# Every other averaging algorithm's messages (their owners keep the samples beside their tests).
+from tests.test_averaging_wire import SAMPLES as _AVERAGING_SAMPLES  # noqa: E402
+
+SAMPLES += [m for m in _AVERAGING_SAMPLES if type(m).__name__ not in {type(s).__name__ for s in SAMPLES}]

@@ -92,7 +92,7 @@ def trusted(cls, *values):
     if names is None:
         names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
     obj = object.__new__(cls)
-    obj.__dict__.update(zip(names, values))  # what the frozen __init__ does, minus __post_init__
+    object.__setattr__(obj, "__dict__", dict(zip(names, values)))  # the frozen __init__, minus checks
     return obj
 
 
@@ -183,17 +183,20 @@ MEMBERSHIP_MESSAGES = (Ping, Ack, PingReq, Nack, PushPull, Gossip)
 
 
 def _str_size(s: str) -> int:
-    n = len(s.encode()) if not s.isascii() else len(s)
+    n = len(s) if s.isascii() else len(s.encode())
     return n + (1 if n < 32 else 2 if n < 256 else 3)
-
-
-def _int_size(v: int) -> int:
-    return 1 if v < 128 else 2 if v < 256 else 3 if v < 65536 else 5 if v < 2**32 else 9
 
 
 def record_size(rec: tuple) -> int:
     """msgpack size in bytes of an update or state record (exact for the shapes above)."""
-    size = 2 + _str_size(rec[1]) + _str_size(rec[2]) + _int_size(rec[3])
+    node, addr, inc = rec[1], rec[2], rec[3]
     if len(rec) == 5:
-        size += _str_size(rec[4])
-    return size
+        origin = rec[4]
+        if len(node) < 32 and len(addr) < 32 and len(origin) < 32 and inc < 128 and \
+                node.isascii() and addr.isascii() and origin.isascii():
+            return 6 + len(node) + len(addr) + len(origin)  # the common case, kept cheap
+        size = _str_size(origin)
+    else:
+        size = 0
+    inc_size = 1 if inc < 128 else 2 if inc < 256 else 3 if inc < 65536 else 5 if inc < 2**32 else 9
+    return size + 2 + _str_size(node) + _str_size(addr) + inc_size
