@@ -101,6 +101,11 @@ class TrainingLoop:
             if now - last_eval >= self.eval_every_s:
                 self.evaluate()
                 last_eval = now
+        if self.hooks is not None and self.hooks.gates_steps and not stop.is_set():
+            # Finish the round the last step began (D-PSGD's mix, DiLoCo's outer step): those
+            # land in the gate before the next step, which would otherwise never come.
+            self.hooks.before_step(state.step + 1)
+            state.deltas_applied += self.flat.apply_pending()
         self.evaluate()
 
     def linger(self, stop: threading.Event, linger_s: Optional[float]) -> None:
