@@ -230,6 +230,15 @@ def demo(
         print(json.dumps(summary))
 
 
+def _register_subcommands() -> None:
+    from p2p.sim.cli import simulate
+
+    app.command("simulate", help="Run the membership protocol in the deterministic simulator.")(simulate)
+
+
+_register_subcommands()
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app, turning every user error into one line and an exit code."""
     command = typer.main.get_command(app)
