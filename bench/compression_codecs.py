@@ -52,8 +52,8 @@ def main() -> None:
         print(f"{'codec':<22}{'compress ms':>12}{'decompress ms':>15}{'round trip MB/s':>17}{'ratio':>9}")
         for name, params in CONFIGS:
             comp = make_compressor(name, **params)
-            t_c, c = best(lambda: comp.compress(x), args.repeat)
-            t_d, _ = best(lambda: decompress(c, n), args.repeat)
+            t_c, c = best(lambda comp=comp, x=x: comp.compress(x), args.repeat)
+            t_d, _ = best(lambda c=c, n=n: decompress(c, n), args.repeat)
             label = name + ("(" + ",".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
             print(f"{label:<22}{t_c * 1e3:>12.1f}{t_d * 1e3:>15.1f}{mb / (t_c + t_d):>17,.0f}"
                   f"{c.nbytes / x.nbytes:>9.4f}")

@@ -45,9 +45,49 @@ def _check_address(flag: str, value: str, *, allow_wildcard: bool = True) -> str
 
 # Names the CLI offers, kept here so --help needs no heavy imports; tests check they match
 # the registries (p2p.averaging.registry.ALGORITHMS, p2p.topology.TOPOLOGIES).
-ALGORITHM_NAMES = ("dpsgd", "adpsgd", "sgp", "elastic", "gossipgrad", "diloco")
+ALGORITHM_NAMES = ("dpsgd", "adpsgd", "sgp", "elastic", "gossipgrad", "diloco", "choco")
 TOPOLOGY_NAMES = ("ring", "torus", "exponential", "one-peer-exponential", "hypercube", "random", "full")
 MEMBERSHIP_PRESETS = ("lan", "wan", "local")
+
+
+COMPRESSION_NAMES = ("none", "fp16", "bf16", "int8", "topk", "sign", "auto")
+
+
+def _averaging_config(algorithm: str, topology: Optional[str], **fields):
+    """Build the AveragingConfig, and check the algorithm can run as asked, before any socket
+    is opened: every problem is one line naming the flag to change."""
+    from p2p.averaging.base import AveragingConfig
+    from p2p.averaging.registry import check_combination, make_averager, natural_topology
+    from p2p.protocol import LocalProtocolError
+
+    try:
+        config = AveragingConfig(**fields)
+        check_combination(algorithm, topology or natural_topology(algorithm), config.compression)
+        probe = _ProbePort()
+        make_averager(algorithm, config, probe, __import__("random").Random(0), 0.0)
+    except (ValueError, LocalProtocolError) as exc:
+        raise CliError(f"--algorithm {algorithm}: {exc}") from None
+    return config
+
+
+class _ProbePort:
+    """A stand-in model, so that an algorithm can vet its configuration before the real one."""
+
+    numel, model_key, step = 4, "probe/4", 0
+
+    def snapshot(self):
+        import numpy as np
+
+        return np.zeros(4, dtype=np.float32)
+
+    def add_delta(self, delta) -> None:
+        pass
+
+    def gradient(self):
+        return self.snapshot()
+
+    def set_gradient(self, grad) -> None:
+        pass
 
 
 def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
@@ -83,6 +123,12 @@ def start(
     round_timeout: float = typer.Option(5.0, help="Synchronous algorithms stop waiting for a missing neighbour after this."),
     diloco_inner_steps: int = typer.Option(50, help="DiLoCo: local steps between outer synchronisations."),
     staleness_aware: bool = typer.Option(False, help="Down-weight partners whose models are many steps behind."),
+    compression: str = typer.Option("none", help="Tensor compression: " + ", ".join(COMPRESSION_NAMES) + " (auto: adapt to the link)."),
+    compression_block: Optional[int] = typer.Option(None, help="Block size for int8/sign compression."),
+    topk_fraction: Optional[float] = typer.Option(None, help="Fraction of entries topk keeps (default 0.01)."),
+    choco_gamma: Optional[float] = typer.Option(None, help="CHOCO consensus step size (default: suggested for the codec)."),
+    bandwidth_aware: bool = typer.Option(True, help="Adapt the averaging interval and partners to measured links."),
+    comm_fraction: float = typer.Option(0.5, help="Bandwidth awareness: keep exchanges under this share of wall time."),
     eval_every: float = typer.Option(2.0, help="Seconds between held-out evaluations."),
     log_every: float = typer.Option(2.0, help="Seconds between progress lines (0: none)."),
     threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
@@ -90,7 +136,6 @@ def start(
     log_level: str = typer.Option("warning", help="debug, info, warning or error."),
 ) -> None:
     """Run one node in the foreground until SIGINT/SIGTERM (or --steps/--duration)."""
-    from p2p.averaging.base import AveragingConfig
     from p2p.gossip.config import PRESETS as MEMBERSHIP_CONFIGS
     from p2p.task import Shard, TaskError, load_task
 
@@ -120,6 +165,9 @@ def start(
     _positive("--round-timeout", round_timeout)
     if diloco_inner_steps < 1:
         raise CliError(f"--diloco-inner-steps must be >= 1, got {diloco_inner_steps}")
+    if not 0 < comm_fraction <= 1:
+        raise CliError(f"--comm-fraction must be in (0, 1], got {comm_fraction:g}")
+    _check_choice("--compression", compression, COMPRESSION_NAMES)
     if slowdown < 1.0:
         raise CliError(f"--slowdown must be >= 1, got {slowdown:g}")
     if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -147,9 +195,13 @@ def start(
         linger_s=None if linger is not None and linger < 0 else linger, join_timeout_s=join_timeout,
         eval_every_s=eval_every, log_every_s=log_every, slowdown=slowdown,
         algorithm=algorithm, topology=topology, membership=MEMBERSHIP_CONFIGS[membership](),
-        averaging=AveragingConfig(interval_s=avg_interval, exchange_timeout_s=exchange_timeout,
-                                  round_timeout_s=round_timeout, diloco_inner_steps=diloco_inner_steps,
-                                  staleness_aware=staleness_aware),
+        averaging=_averaging_config(
+            algorithm, topology, interval_s=avg_interval, exchange_timeout_s=exchange_timeout,
+            round_timeout_s=round_timeout, diloco_inner_steps=diloco_inner_steps,
+            staleness_aware=staleness_aware, compression=compression, compression_block=compression_block,
+            compression_topk_fraction=topk_fraction, choco_gamma=choco_gamma,
+            bandwidth_aware=bandwidth_aware, comm_fraction=comm_fraction,
+            max_interval_s=max(30.0, avg_interval)),
     )
     try:
         node = Node(config, task_obj, print_line=lambda line: print(line, flush=True))
@@ -199,6 +251,7 @@ def demo(
     seed: int = typer.Option(0, help="Run seed."),
     algorithm: str = typer.Option("adpsgd", help="Averaging algorithm: " + ", ".join(ALGORITHM_NAMES) + "."),
     topology: Optional[str] = typer.Option(None, help="Topology (default: the algorithm's own)."),
+    compression: str = typer.Option("none", help="Tensor compression: " + ", ".join(COMPRESSION_NAMES) + "."),
     as_json: bool = typer.Option(False, "--json", help="Print only the summary, as one JSON object, on stdout."),
     base_port: int = typer.Option(0, help="First port to use (0: pick free ports)."),
     live: bool = typer.Option(True, help="Show the live view on stderr."),
@@ -215,13 +268,15 @@ def demo(
     _check_choice("--algorithm", algorithm, ALGORITHM_NAMES)
     if topology is not None:
         _check_choice("--topology", topology, TOPOLOGY_NAMES)
+    _check_choice("--compression", compression, COMPRESSION_NAMES)
+    _averaging_config(algorithm, topology, compression=compression)  # refuse what nodes would
     if not 0 <= base_port < 65536 - peers:
         raise CliError(f"--base-port must leave room for {peers} ports")
     from p2p.averaging.registry import natural_topology
 
     config = DemoConfig(peers=peers, steps=steps, duration_s=duration, task=task, seed=seed,
                         algorithm=algorithm, topology=topology or natural_topology(algorithm),
-                        base_port=base_port, live=live, log_dir=keep_logs)
+                        compression=compression, base_port=base_port, live=live, log_dir=keep_logs)
     try:
         summary = run_demo(config)
     except DemoError as exc:

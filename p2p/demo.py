@@ -42,6 +42,7 @@ class DemoConfig:
     seed: int = 0
     algorithm: str = "adpsgd"
     topology: str = "full"
+    compression: str = "none"
     base_port: int = 0  # 0: free ports picked by the OS
     live: bool = True  # draw the live view on stderr
     log_dir: Optional[str] = None  # keep peer logs here (default: a temporary directory)
@@ -76,6 +77,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
              else free_ports(config.peers))
     node_args = ["--task", config.task, "--seed", str(config.seed), "--linger", "-1",
                  "--algorithm", config.algorithm, "--topology", config.topology, "--membership", "local",
+                 "--compression", config.compression,
                  "--log-every", "0", "--eval-every", "1", "--join-timeout", str(config.start_timeout_s)]
     node_args += ["--steps", str(steps)] if steps is not None else ["--duration", str(config.duration_s)]
     per_peer = [["--shard", f"{i}/{config.peers}"] for i in range(config.peers)]

@@ -36,17 +36,22 @@ class LiveView:
 
     def _table(self, statuses: Sequence[Optional[dict]], distance: float) -> Table:
         table = Table(title=f"p2p swarm: {self.peers} peers   consensus distance {_fmt(distance, '.5f')}")
-        for column in ("peer", "phase", "step", "loss", "accuracy", "neighbours", "sent MB", "recv MB", "exchanges"):
+        columns = ("peer", "phase", "step", "loss", "accuracy", "neighbours", "sent MB", "recv MB",
+                   "exchanges", "codec", "pause s", "link Mbit/s")
+        for column in columns:
             table.add_column(column, justify="right")
         for i, s in enumerate(statuses):
             if s is None:
-                table.add_row(str(i), "starting", *["-"] * 7)
+                table.add_row(str(i), "starting", *["-"] * (len(columns) - 2))
                 continue
-            avg = s.get("averaging", {})
+            avg, bw = s.get("averaging", {}), s.get("bandwidth", {})
+            rates = [l["throughput_mbit_s"] for l in bw.get("links", {}).values() if l.get("throughput_mbit_s")]
             table.add_row(s["addr"], s["phase"], str(s["step"]), _fmt(s["loss"], ".4f"),
                           _fmt(s["accuracy"], ".4f"), str(len(s["neighbours"])),
                           f"{s['bytes_sent'] / 1e6:.2f}", f"{s['bytes_received'] / 1e6:.2f}",
-                          f"{avg.get('exchanges_completed', 0)}/{avg.get('exchanges_started', 0)}")
+                          f"{avg.get('exchanges_completed', 0)}/{avg.get('exchanges_started', 0)}",
+                          str(bw.get("codec", "-")), _fmt(bw.get("interval_s"), ".2f"),
+                          _fmt(min(rates) if rates else None, ".0f"))
         return table
 
     def update(self, statuses: Sequence[Optional[dict]], distance: float) -> None:

@@ -149,7 +149,15 @@ class Node:
             "messages_sent": t.messages_sent, "messages_received": t.messages_received,
             "send_drops": t.send_drops, "rejected": dict(self.driver.rejected),
             "averaging": dict(self.peer.averager.stats), "uptime_s": time.monotonic() - s.started_at,
+            "bandwidth": self._bandwidth(),
         }
+
+    def _bandwidth(self) -> dict[str, Any]:
+        """What bandwidth awareness measured and decided (algorithms that adapt report it)."""
+        report = getattr(self.peer.averager, "bandwidth_report", None)
+        if report is not None:
+            return report()
+        return {"links": {}, "codec": self.config.averaging.compression, "interval_s": self.config.averaging.interval_s}
 
     def _state_reply(self) -> StateReply:
         return StateReply(self.state.step, self.port.model_key, self.flat.snapshot())
@@ -204,11 +212,13 @@ class Node:
     def _progress_line(self, final: bool = False) -> str:
         s, t = self.state, self.transport
         avg = self.peer.averager.stats
+        bw = self._bandwidth()
         return (f"{'done' if final else s.phase:9s} step {s.step:6d}  loss {s.loss:.4f}  "
                 f"acc {s.accuracy:.4f}  {s.steps_per_s:6.1f} step/s  "
                 f"neighbours {len(self.peer.neighbours())}  exchanges {avg['exchanges_completed']}"
                 f"/{avg['exchanges_started']}  sent {t.bytes_sent / 1e6:.1f} MB  "
-                f"recv {t.bytes_received / 1e6:.1f} MB  rejected {sum(self.driver.rejected.values())}")
+                f"recv {t.bytes_received / 1e6:.1f} MB  codec {bw['codec']}  pause {bw['interval_s']:.2f}s  "
+                f"rejected {sum(self.driver.rejected.values())}")
 
 
 def _member_row(m: Any, now: float) -> dict[str, Any]:

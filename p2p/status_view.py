@@ -19,3 +19,10 @@ def render_status(info: dict, console: Console | None = None) -> None:
         heard = "-" if row["last_heard_s"] is None else f"{row['last_heard_s']:.1f}s ago"
         table.add_row(str(row["id"]), str(row["addr"]), str(row["state"]), str(row["incarnation"]), heard)
     console.print(table)
+    bw = info.get("bandwidth") or {}
+    if bw.get("links"):
+        links = Table("neighbour", "throughput Mbit/s", "exchange ms", "samples",
+                      title=f"bandwidth: codec {bw['codec']}, pause {bw['interval_s']:.2f}s between exchanges")
+        for peer, row in bw["links"].items():
+            links.add_row(peer, str(row["throughput_mbit_s"]), str(row["exchange_ms"]), str(row["samples"]))
+        console.print(links)

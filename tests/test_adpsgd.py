@@ -143,3 +143,87 @@ def test_random_gossip_converges_to_the_initial_mean():
                     peer.receive(send.to, reply.msg, now, others)
     for p in ports:
         np.testing.assert_allclose(p.x, mean, atol=1e-4)
+
+
+# -- compression and bandwidth awareness ----------------------------------------------------
+from p2p.averaging.adpsgd import AvgReplyQ, AvgRequestQ  # noqa: E402
+from p2p.protocol import LocalProtocolError  # noqa: E402
+from p2p.wire import decode, encode  # noqa: E402
+
+
+def make_cfg(**kw):
+    return AveragingConfig(interval_s=0.1, exchange_timeout_s=5.0, **kw)
+
+
+def pair(cfg_a, cfg_b, n=1000):
+    rng = np.random.default_rng(3)
+    pa, pb = ArrayPort(rng.normal(size=n)), ArrayPort(rng.normal(size=n) + 5)
+    pa.model_key = pb.model_key = f"m/{n}"
+    return pa, PairwiseGossip(cfg_a, pa, random.Random(0), 0.0), pb, PairwiseGossip(cfg_b, pb, random.Random(1), 0.0)
+
+
+@pytest.mark.parametrize("codec, tolerance", [("fp16", 5e-3), ("bf16", 3e-2), ("int8", 5e-2)])
+def test_compressed_exchange_is_zero_sum_and_lands_near_the_average(codec, tolerance):
+    pa, a, pb, b = pair(make_cfg(compression=codec), make_cfg(compression=codec))
+    total, average = pa.x + pb.x, (pa.x + pb.x) / 2
+    (req,) = a.tick(1.0, ["b"])
+    assert isinstance(req.msg, AvgRequestQ)
+    _, wire_req = decode([bytes(f) for f in encode(req.msg, "a:1")])  # through the real codec
+    (rep,) = b.receive("a", wire_req, 1.1, ["a"])
+    assert isinstance(rep.msg, AvgReplyQ)
+    assert rep.msg.data.nbytes < pa.x.nbytes / 1.9  # actually smaller on the wire
+    a.receive("b", rep.msg, 1.2, ["b"])
+    np.testing.assert_allclose(pa.x + pb.x, total, atol=1e-5)  # the swarm mean is preserved exactly
+    assert np.abs(pa.x - average).max() < tolerance * 10 and np.abs(pb.x - average).max() < tolerance * 10
+    assert a.stats["exchanges_completed"] == 1
+
+
+def test_peers_with_different_codecs_still_mix():
+    pa, a, pb, b = pair(make_cfg(compression="int8"), make_cfg())  # b sends plain float32
+    total = pa.x + pb.x
+    (req,) = a.tick(1.0, ["b"])
+    (rep,) = b.receive("a", req.msg, 1.1, ["a"])
+    assert isinstance(rep.msg, AvgReply)
+    a.receive("b", rep.msg, 1.2, ["b"])
+    np.testing.assert_allclose(pa.x + pb.x, total, atol=1e-5)
+    assert a.stats["exchanges_completed"] == 1
+
+
+@pytest.mark.parametrize("codec", ["topk", "sign", "zip"])
+def test_codecs_that_cannot_average_parameters_are_refused(codec):
+    with pytest.raises(LocalProtocolError, match="cannot average"):
+        PairwiseGossip(make_cfg(compression=codec), ArrayPort([0, 0, 0, 0]), random.Random(0), 0.0)
+
+
+def test_slow_exchanges_stretch_the_interval_to_the_budget():
+    pa, a, pb, b = pair(make_cfg(comm_fraction=0.25), make_cfg())
+    (req,) = a.tick(1.0, ["b"])
+    (rep,) = b.receive("a", req.msg, 1.5, ["a"])
+    a.receive("b", rep.msg, 3.0, ["b"])  # the exchange took 2 s
+    # busy 2 s out of every 2 + pause: a quarter means a 6 s pause, not the 0.1 s base
+    assert a.next_deadline() == pytest.approx(3.0 + 6.0)
+    report = a.bandwidth_report()
+    assert report["links"]["b"]["exchange_ms"] == pytest.approx(2000.0)
+    assert report["links"]["b"]["throughput_mbit_s"] > 0
+
+
+def test_bandwidth_awareness_can_be_turned_off():
+    pa, a, pb, b = pair(make_cfg(bandwidth_aware=False), make_cfg())
+    (req,) = a.tick(1.0, ["b"])
+    (rep,) = b.receive("a", req.msg, 1.5, ["a"])
+    a.receive("b", rep.msg, 3.0, ["b"])
+    assert a.next_deadline() == pytest.approx(3.1)
+
+
+def test_auto_compression_climbs_when_the_link_cannot_keep_up():
+    pa, a, pb, b = pair(make_cfg(compression="auto", comm_fraction=0.5, max_interval_s=1.0), make_cfg())
+    now = 1.0
+    codecs = []
+    for _ in range(3):
+        (req,) = a.tick(now, ["b"])
+        (rep,) = b.receive("a", req.msg, now, ["a"])
+        now += 4.0  # every exchange takes 4 s: a 4 s pause would be needed, more than the 1 s cap
+        a.receive("b", rep.msg, now, ["b"])
+        codecs.append(a.codec)
+        now = a.next_deadline()
+    assert codecs == ["fp16", "int8", "int8"]

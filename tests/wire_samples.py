@@ -20,3 +20,19 @@ SAMPLES = [
 from tests.test_averaging_wire import SAMPLES as _AVERAGING_SAMPLES  # noqa: E402
 
 SAMPLES += [m for m in _AVERAGING_SAMPLES if type(m).__name__ not in {type(s).__name__ for s in SAMPLES}]
+
+# Compression and CHOCO messages (tags 60..79).
+from p2p.averaging.choco import ChocoDelta, ChocoReset, ChocoResync  # noqa: E402
+from p2p.compression import make_compressor  # noqa: E402
+from p2p.compression.messages import CompressedTensor, compressed_fields  # noqa: E402
+
+_Q = compressed_fields(make_compressor("int8", block=4).compress(PARAMS))
+SAMPLES += [CompressedTensor(**_Q, stream="synthetic/12", seq=3),
+            ChocoDelta(**_Q, stream=12345, seq=4, degree=3, model_key="synthetic/12"),
+            ChocoReset(stream=12345, seq=4, degree=3, model_key="synthetic/12", params=PARAMS),
+            ChocoResync(have_seq=-1)]
+
+from p2p.averaging.adpsgd import AvgReplyQ, AvgRequestQ  # noqa: E402
+
+SAMPLES += [AvgRequestQ(**_Q, exchange=3, step=10, model_key="synthetic/12"),
+            AvgReplyQ(**_Q, exchange=3, step=11, model_key="synthetic/12")]

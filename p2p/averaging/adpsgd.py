@@ -21,6 +21,21 @@ Staleness (``staleness_aware``, off by default): each end scales its half by
 ``staleness_weight(own step, partner step)``, so a partner whose model is older moves us less.
 The exchange is then no longer zero-sum (the fresher end keeps more of itself).
 
+Compression (``compression`` = fp16, bf16 or int8; p2p/compression): requests and replies
+carry Q(s) instead of s, and each end mixes against its *own decoded* value D(Q(s)), not its
+exact snapshot: i adds (D(Q(s_j)) - D(Q(s_i))) / 2 and j the opposite, so every exchange is
+still zero-sum and the mean is preserved exactly; each end keeps its own quantisation error
+locally. Sparsifying codecs (topk, sign) are refused here: without CHOCO's public copies
+they do not reach consensus (see p2p/averaging/choco.py). A peer accepts either message
+form whatever its own setting, so peers with different codecs mix.
+
+Bandwidth awareness (``bandwidth_aware``, on by default; p2p/bandwidth.py): each completed
+exchange tells the peer how long moving those bytes to and from that partner took. The pause
+before the next exchange is stretched so exchanges take at most ``comm_fraction`` of wall
+time, partners are chosen in proportion to measured throughput, and with
+``compression="auto"`` the codec climbs none -> fp16 -> int8 when even ``max_interval_s``
+cannot meet the budget.
+
 Subclasses (elastic gossip) change the mixing fraction and the message types through
 ``_request``, ``_reply`` and ``_fraction``; the state machine stays this one.
 """
@@ -34,8 +49,15 @@ from typing import Optional, Sequence
 import numpy as np
 
 from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params, staleness_weight
-from p2p.protocol import RemoteProtocolError, Send
+from p2p.bandwidth import BandwidthConfig, BandwidthMonitor
+from p2p.compression import Compressor, decompress, make_compressor
+from p2p.compression.messages import CompressedFields, compressed_fields
+from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
+
+# Codecs whose decoded values can be averaged directly (dense, unbiased up to rounding).
+PARAMETER_CODECS = ("none", "fp16", "bf16", "int8")
+AUTO_LADDER = ("none", "fp16", "int8")
 
 
 @message(20)
@@ -56,12 +78,50 @@ class AvgReply:
     params: np.ndarray
 
 
+@message(64)
+@dataclass(frozen=True)
+class AvgRequestQ(CompressedFields):
+    """AvgRequest carrying Q(params) (compression range of tags)."""
+
+    exchange: int
+    step: int
+    model_key: str
+
+
+@message(65)
+@dataclass(frozen=True)
+class AvgReplyQ(CompressedFields):
+    exchange: int
+    step: int
+    model_key: str
+
+
+def _received_params(msg: object, port: ModelPort) -> np.ndarray:
+    """The partner's parameters from either message form, checked against our model."""
+    if isinstance(msg, CompressedFields):
+        if msg.numel != port.numel:
+            raise RemoteProtocolError("bad_tensor", f"{msg.numel} parameters, want {port.numel}")
+        params = decompress(msg.payload(), port.numel)
+        check_params(params, msg.model_key, port)
+        return params
+    check_params(msg.params, msg.model_key, port)
+    return msg.params
+
+
+def _payload_bytes(msg: object) -> int:
+    if isinstance(msg, CompressedFields):
+        return msg.data.nbytes + msg.aux.nbytes
+    return msg.params.nbytes
+
+
 @dataclass
 class _InFlight:
     exchange: int
     partner: str
-    snapshot: np.ndarray
+    snapshot: np.ndarray  # what we sent, as the partner will decode it
     deadline: float
+    started: float
+    sent_bytes: int
 
 
 class PairwiseGossip(AsynchronousHooks):
@@ -71,15 +131,31 @@ class PairwiseGossip(AsynchronousHooks):
     natural_topology = "full"
     MESSAGES: tuple[type, ...] = (AvgRequest, AvgReply)
 
+    COMPRESSED_MESSAGES: tuple[type, ...] = (AvgRequestQ, AvgReplyQ)
+    CODECS: tuple[str, ...] = PARAMETER_CODECS + ("auto",)  # what --compression may say
+
     def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float) -> None:
         self.config = config
         self.port = port
         self.rng = rng
+        self._auto = config.compression == "auto"
+        codec = "none" if self._auto else config.compression
+        if codec not in PARAMETER_CODECS or (codec != "none" and not self.COMPRESSED_MESSAGES):
+            allowed = PARAMETER_CODECS if self.COMPRESSED_MESSAGES else ("none",)
+            raise LocalProtocolError(f"{self.name} cannot average with compression {codec!r} "
+                                     f"(use one of {', '.join(allowed)}, 'auto', or algorithm choco)")
+        self._compressors: dict[str, Compressor] = {}
+        self._codec = codec
+        self.monitor = BandwidthMonitor(BandwidthConfig(
+            comm_fraction=config.comm_fraction, min_interval_s=config.interval_s,
+            max_interval_s=config.max_interval_s, prefer_fast_partners=config.bandwidth_aware,
+            compression_ladder=AUTO_LADDER))
         self._next_exchange = 0
         self._in_flight: Optional[_InFlight] = None
         self._next_start = now + rng.uniform(0, config.interval_s)  # de-synchronise peers
         self.stats = {"exchanges_started": 0, "exchanges_completed": 0, "exchanges_timed_out": 0,
                       "requests_served": 0, "late_replies": 0}
+        self.MESSAGES = tuple(self.MESSAGES) + tuple(self.COMPRESSED_MESSAGES)
 
     def busy(self) -> bool:
         return self._in_flight is not None
@@ -110,44 +186,80 @@ class PairwiseGossip(AsynchronousHooks):
     def next_deadline(self) -> float:
         return self._in_flight.deadline if self._in_flight else self._next_start
 
+    # -- compression and bandwidth ------------------------------------------------------------
+    @property
+    def codec(self) -> str:
+        return self._codec
+
+    def _encode(self, snapshot: np.ndarray) -> tuple[np.ndarray, Optional[dict]]:
+        """(our value as the partner will see it, compressed fields or None for float32)."""
+        if self._codec == "none":
+            return snapshot, None
+        compressor = self._compressors.get(self._codec)
+        if compressor is None:
+            compressor = self._compressors[self._codec] = make_compressor(self._codec)
+        packed = compressor.compress(snapshot)
+        return decompress(packed, snapshot.size), compressed_fields(packed)
+
+    def _pause(self, neighbours: Sequence[str]) -> float:
+        if not self.config.bandwidth_aware:
+            return self.config.interval_s
+        if self._auto:
+            self._codec = self.monitor.compression(neighbours, self.config.interval_s)
+        return self.monitor.interval(self.config.interval_s, neighbours)
+
+    def bandwidth_report(self) -> dict:
+        """For status output: per-partner estimates, the current pause and codec."""
+        return {"links": self.monitor.report(), "codec": self._codec,
+                "interval_s": round(self.monitor.interval(self.config.interval_s, list(self.monitor.links)), 4)
+                if self.config.bandwidth_aware else self.config.interval_s}
+
     def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         flight = self._in_flight
         if flight is not None:
             if now >= flight.deadline:
                 self.stats["exchanges_timed_out"] += 1
                 self._in_flight = None
-                self._next_start = now + self.config.interval_s
+                self._next_start = now + self._pause(neighbours)
             return []
         if now < self._next_start or not neighbours:
             if not neighbours:
                 self._next_start = now + self.config.interval_s
             return []
-        partner = neighbours[self.rng.randrange(len(neighbours))]
-        snapshot = self.port.snapshot()
+        partner = self.monitor.choose(neighbours, self.rng)
+        mine, packed = self._encode(self.port.snapshot())
         self._next_exchange += 1
-        self._in_flight = _InFlight(self._next_exchange, partner, snapshot, now + self.config.exchange_timeout_s)
+        request = (self._request(self._next_exchange, mine) if packed is None else
+                   AvgRequestQ(**packed, exchange=self._next_exchange, step=self.port.step,
+                               model_key=self.port.model_key))
+        self._in_flight = _InFlight(self._next_exchange, partner, mine, now + self.config.exchange_timeout_s,
+                                    now, _payload_bytes(request))
         self.stats["exchanges_started"] += 1
-        return [Send(partner, self._request(self._next_exchange, snapshot))]
+        return [Send(partner, request)]
 
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
-        request_type, reply_type = self.MESSAGES
-        if isinstance(msg, request_type):
+        request_type, reply_type = self.MESSAGES[:2]
+        if isinstance(msg, (request_type, AvgRequestQ)):
             fraction = self._fraction(msg)  # validates it first
-            check_params(msg.params, msg.model_key, self.port)
-            mine = self.port.snapshot()
-            self.port.add_delta((msg.params - mine) * np.float32(self._scaled(fraction, msg.step)))
+            theirs = _received_params(msg, self.port)
+            mine, packed = self._encode(self.port.snapshot())
+            self.port.add_delta((theirs - mine) * np.float32(self._scaled(fraction, msg.step)))
             self.stats["requests_served"] += 1
-            return [Send(src, self._reply(msg, mine))]
-        if isinstance(msg, reply_type):
+            reply = (self._reply(msg, mine) if packed is None else
+                     AvgReplyQ(**packed, exchange=msg.exchange, step=self.port.step, model_key=self.port.model_key))
+            return [Send(src, reply)]
+        if isinstance(msg, (reply_type, AvgReplyQ)):
             flight = self._in_flight
             if flight is None or msg.exchange != flight.exchange or src != flight.partner:
                 self.stats["late_replies"] += 1  # timed out already, or not ours: drop
                 return []
-            check_params(msg.params, msg.model_key, self.port)
+            theirs = _received_params(msg, self.port)
             fraction = self._scaled(self._own_fraction(), msg.step)
-            self.port.add_delta((msg.params - flight.snapshot) * np.float32(fraction))
+            self.port.add_delta((theirs - flight.snapshot) * np.float32(fraction))
             self._in_flight = None
             self.stats["exchanges_completed"] += 1
-            self._next_start = now + self.config.interval_s
+            self.monitor.observe(src, flight.sent_bytes + _payload_bytes(msg), now - flight.started)
+            self.monitor.forget(neighbours)
+            self._next_start = now + self._pause(neighbours)
             return []
         raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not an averaging message")

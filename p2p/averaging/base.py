@@ -139,8 +139,14 @@ class AveragingConfig:
     compression_block: Optional[int] = None  # int8/sign block size (None: the codec's default)
     compression_topk_fraction: Optional[float] = None  # topk: fraction of entries kept (None: 0.01)
     choco_gamma: Optional[float] = None  # CHOCO consensus step size (None: suggested for the codec)
+    # Bandwidth awareness (p2p/bandwidth.py), used by the pairwise algorithms:
+    bandwidth_aware: bool = True  # stretch the interval, prefer fast partners from measured exchanges
+    comm_fraction: float = 0.5  # keep exchanges to at most this share of wall time
+    max_interval_s: float = 30.0  # never wait longer than this between exchanges
 
     def __post_init__(self) -> None:
+        if not 0 < self.comm_fraction <= 1 or self.max_interval_s < self.interval_s:
+            raise ValueError("comm_fraction must be in (0, 1] and max_interval_s >= interval_s")
         if self.interval_s < 0 or self.exchange_timeout_s <= 0:
             raise ValueError("interval_s must be >= 0 and exchange_timeout_s > 0")
         if self.round_timeout_s <= 0 or self.staleness_tau <= 0:

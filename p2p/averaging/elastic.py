@@ -55,6 +55,8 @@ class ElasticGossip(PairwiseGossip):
     name = "elastic"
     natural_topology = "random"
     MESSAGES = (ElasticRequest, ElasticReply)
+    COMPRESSED_MESSAGES = ()  # elastic mixes exact parameters only
+    CODECS = ("none",)
 
     def _request(self, exchange: int, snapshot: np.ndarray) -> object:
         return ElasticRequest(exchange, self.port.step, self.config.elastic_alpha, self.port.model_key, snapshot)

@@ -20,7 +20,8 @@ trainer's proxy skips entirely):
 
 "Done" always includes "or the round timeout passed": no hook waits unboundedly.
 
-Importing this module registers every algorithm's wire messages (tags 20..39).
+Importing this module registers every algorithm's wire messages (tags 20..39; CHOCO's
+compressed messages use the compression range, 61..63).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any, Callable
 
 from p2p.averaging.adpsgd import PairwiseGossip
 from p2p.averaging.base import Averager, AveragingConfig, ModelPort
+from p2p.averaging.choco import ChocoGossip
 from p2p.averaging.diloco import DiLoCo
 from p2p.averaging.dpsgd import Dpsgd
 from p2p.averaging.elastic import ElasticGossip
@@ -43,6 +45,7 @@ ALGORITHMS: dict[str, Callable[..., Averager]] = {
     "elastic": ElasticGossip,  # asynchronous pairwise elastic pull; random
     "gossipgrad": GossipGraD,  # per-step gradient exchange with a rotating partner; hypercube
     "diloco": DiLoCo,  # H local steps, gossip-averaged outer Nesterov step; full
+    "choco": ChocoGossip,  # CHOCO-gossip: compressed differences to public copies; ring
 }
 
 # Algorithms that make the trainer wait in ``may_step`` / ``gradient_ready``.
@@ -52,6 +55,19 @@ SYNCHRONOUS = frozenset({"dpsgd", "gossipgrad", "diloco"})
 def natural_topology(name: str) -> str:
     """The topology name an algorithm is designed for (the CLI's default for --topology)."""
     return _lookup(name).natural_topology
+
+
+def check_combination(name: str, topology: str, compression: str = "none") -> None:
+    """Raise ValueError for an algorithm that cannot run on a topology or with a codec."""
+    from p2p.topology import TIME_VARYING
+
+    cls = _lookup(name)
+    if getattr(cls, "needs_static_topology", False) and topology in TIME_VARYING:
+        raise ValueError(f"{name} keeps copies of fixed neighbours; topology {topology!r} changes them "
+                         f"every round (use a static one, e.g. {natural_topology(name)})")
+    codecs = getattr(cls, "CODECS", ("none",))
+    if compression not in codecs:
+        raise ValueError(f"{name} does not support compression {compression!r} (it supports: {', '.join(codecs)})")
 
 
 def make_averager(name: str, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float,

@@ -11,10 +11,12 @@ name   arrays                                bytes (n elements)           |x - D
 none   float32[n]                            4n                           0
 fp16   float16[n] (saturates at +-65504)     2n                           <= 2^-11 |x| + 2^-25
 bf16   uint16[n] (bfloat16 bits, RNE)        2n                           <= 2^-8 |x| (+ denorm)
-int8   int8[n], float32 scale[n/B]           n + 4n/B                     <= absmax(block)/254
+int8   int8[n], float32 scale[n/B]           n + 4n/B                     <= absmax(block)/254 (*)
 topk   int32 idx[k] (ascending), f16/f32[k]  6k or 8k, k = ceil(f*n)      0 on the k largest |x|
 sign   uint8 bits[n/8], float32 mean|x|[n/B] n/8 + 4n/B                   sign kept, size = mean
 ====== ===================================== ============================ =====================
+
+(*) plus float32's denormal granularity for blocks whose absmax is below ~1e-36.
 
 (int8: blockwise absmax scaling, scale = absmax/127, round to nearest; sign: 1 bit per element,
 packed with ``np.packbits``, decoded as +-mean|x| of its block, after Seide et al., "1-bit SGD",
@@ -23,9 +25,8 @@ found from a sampled threshold.) topk and sign are biased and lose most of the s
 shot: use them with ``ErrorFeedback`` (p2p/compression/feedback.py) or inside CHOCO-gossip
 (p2p/averaging/choco.py), never to average raw parameters directly.
 
-Speed: no Python loop runs over elements or blocks. Long vectors are processed in cache-sized
-chunks of ``_CHUNK`` elements (a loop of n/_CHUNK iterations, each a handful of whole-array
-numpy calls), which keeps the temporaries in L2 and is 2-4x faster than whole-vector passes.
+Speed: no Python loop runs over elements or blocks; the array work is in
+p2p/compression/kernels.py, which processes long vectors in cache-sized chunks.
 
 Remote input: ``validate(c, numel)`` checks a received record completely (codec name, array
 count, dtypes, lengths, block size, index range and order, finite non-negative scales, bf16
@@ -43,12 +44,12 @@ from typing import Any, Optional, Protocol
 
 import numpy as np
 
+from p2p.compression.kernels import (bf16_bits, bf16_to_float32, block_absmax, block_abssum,
+                                     f16_bits, f16_to_float32, nblocks, per_element, spans, top_k_indices)
 from p2p.protocol import LocalProtocolError, RemoteProtocolError
 
-_CHUNK = 1 << 16  # elements per cache-sized chunk
 MAX_NUMEL = 2**31 - 1  # topk indices are int32
 MAX_BLOCK = 1 << 24
-_EMPTY = np.empty(0, dtype=np.uint8)
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,38 +96,6 @@ def _check_block(block: int) -> int:
     if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= MAX_BLOCK:
         raise ValueError(f"block must be an int in [1, {MAX_BLOCK}], got {block!r}")
     return block
-
-
-def _nblocks(n: int, block: int) -> int:
-    return -(-n // block)
-
-
-def _spans(n: int, align: int):
-    """(lo, hi) element ranges of about _CHUNK elements, lo a multiple of ``align``."""
-    step = max(align, _CHUNK // align * align)
-    for lo in range(0, n, step):
-        yield lo, min(lo + step, n)
-
-
-def _per_element(per_block: np.ndarray, lo: int, hi: int, block: int) -> np.ndarray:
-    """The per-block values covering elements [lo, hi) (lo block-aligned), one per element."""
-    return np.repeat(per_block[lo // block:_nblocks(hi, block)], block)[: hi - lo]
-
-
-def _block_absmax(x: np.ndarray, block: int) -> np.ndarray:
-    out = np.empty(_nblocks(x.size, block), dtype=np.float32)
-    for lo, hi in _spans(x.size, block):
-        starts = np.arange(0, hi - lo, block)
-        out[lo // block: lo // block + starts.size] = np.maximum.reduceat(np.abs(x[lo:hi]), starts)
-    return out
-
-
-def _block_abssum(x: np.ndarray, block: int) -> np.ndarray:
-    out = np.empty(_nblocks(x.size, block), dtype=np.float32)
-    for lo, hi in _spans(x.size, block):
-        starts = np.arange(0, hi - lo, block)
-        out[lo // block: lo // block + starts.size] = np.add.reduceat(np.abs(x[lo:hi]), starts)
-    return out
 
 
 def _fail(reason: str, detail: str) -> None:
@@ -182,7 +151,8 @@ class NoCompression(_Codec):
     name = "none"
 
     def compress(self, x: np.ndarray) -> Compressed:
-        return Compressed("none", x.size, (_flat32(x).copy(),))
+        x = _flat32(x)
+        return Compressed("none", x.size, (x.copy(),))
 
     @staticmethod
     def check(c: Compressed) -> None:
@@ -196,9 +166,6 @@ class NoCompression(_Codec):
         return np.array(c.arrays[0], dtype=np.float32)
 
 
-_F16_MAX = np.float32(65504.0)
-
-
 class FP16(_Codec):
     """IEEE half precision, round to nearest even, saturating at +-65504 (never Inf)."""
 
@@ -206,50 +173,18 @@ class FP16(_Codec):
 
     def compress(self, x: np.ndarray) -> Compressed:
         x = _flat32(x)
-        out = np.empty(x.size, dtype=np.float16)
-        for lo, hi in _spans(x.size, 1):
-            chunk = x[lo:hi]
-            if np.abs(chunk).max(initial=0) > _F16_MAX:
-                chunk = np.clip(chunk, -_F16_MAX, _F16_MAX)
-            out[lo:hi] = chunk
-        return Compressed("fp16", x.size, (out,))
+        return Compressed("fp16", x.size, (f16_bits(x).view(np.float16),))
 
     @staticmethod
     def check(c: Compressed) -> None:
         _no_meta(c)
         _want(c.arrays[0], "values", "float16", c.numel)
-        if c.numel and not np.isfinite(c.arrays[0]).all():
+        if c.numel and ((c.arrays[0].view(np.uint16) & np.uint16(0x7C00)) == np.uint16(0x7C00)).any():
             _fail("non_finite", "values carry NaN or Inf")
 
     @staticmethod
     def decode(c: Compressed) -> np.ndarray:
-        return c.arrays[0].astype(np.float32)
-
-
-def bf16_bits(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16): round to nearest even on the uint32 view,
-    saturating to +-max finite (0x7F7F) so that no input yields an Inf/NaN pattern."""
-    x = _flat32(x)
-    out = np.empty(x.size, dtype=np.uint16)
-    u = x.view(np.uint32)
-    for lo, hi in _spans(x.size, 1):
-        c = u[lo:hi]
-        mag = c & np.uint32(0x7FFFFFFF)
-        np.minimum(mag, np.uint32(0x7F7F7FFF), out=mag)  # below the value that rounds to Inf
-        r = mag >> 16
-        r &= np.uint32(1)
-        r += np.uint32(0x7FFF)
-        r += mag
-        r >>= 16
-        r |= (c >> 16) & np.uint32(0x8000)
-        out[lo:hi] = r
-    return out
-
-
-def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
-    out = bits.astype(np.uint32)
-    out <<= 16
-    return out.view(np.float32)
+        return f16_to_float32(c.arrays[0])
 
 
 class BF16(_Codec):
@@ -258,6 +193,7 @@ class BF16(_Codec):
     name = "bf16"
 
     def compress(self, x: np.ndarray) -> Compressed:
+        x = _flat32(x)
         return Compressed("bf16", x.size, (bf16_bits(x),))
 
     @staticmethod
@@ -273,6 +209,9 @@ class BF16(_Codec):
         return bf16_to_float32(c.arrays[0])
 
 
+_INT8_MAX_SCALE = np.float32(np.finfo(np.float32).max / 128)  # |q| <= 128 stays finite
+
+
 class Int8Block(_Codec):
     """Blockwise absmax int8: per block of ``block`` elements scale = absmax/127 (float32),
     q = round(x / scale) in [-127, 127]; decoded q * scale, error <= absmax/254 per element."""
@@ -286,13 +225,20 @@ class Int8Block(_Codec):
     def compress(self, x: np.ndarray) -> Compressed:
         x = _flat32(x)
         block = self.block
-        absmax = _block_absmax(x, block)
+        absmax = block_absmax(x, block)
         scales = absmax / np.float32(127.0)
         with np.errstate(divide="ignore"):
-            inv = np.where(absmax > 0, np.float32(127.0) / absmax, np.float32(0.0)).astype(np.float32)
+            inv64 = np.where(absmax > 0, 127.0 / absmax.astype(np.float64), 0.0)
+        # 127/absmax overflows float32 for blocks with absmax < ~3.7e-37: those chunks (rare:
+        # denormal-sized blocks) are scaled in float64
+        tiny = inv64 > np.finfo(np.float32).max
+        inv = np.where(tiny, 0.0, inv64).astype(np.float32)
         q = np.empty(x.size, dtype=np.int8)
-        for lo, hi in _spans(x.size, block):
-            t = x[lo:hi] * _per_element(inv, lo, hi, block)
+        for lo, hi in spans(x.size, block):
+            if tiny[lo // block:nblocks(hi, block)].any():
+                t = x[lo:hi] * per_element(inv64, lo, hi, block)
+            else:
+                t = x[lo:hi] * per_element(inv, lo, hi, block)
             np.rint(t, out=t)
             np.clip(t, -127, 127, out=t)  # guards x/absmax*127 rounding past 127
             q[lo:hi] = t
@@ -302,16 +248,18 @@ class Int8Block(_Codec):
     def check(c: Compressed) -> None:
         block = _meta_block(c)
         _want(c.arrays[0], "q", "int8", c.numel)
-        _want(c.arrays[1], "scales", "float32", _nblocks(c.numel, block))
+        _want(c.arrays[1], "scales", "float32", nblocks(c.numel, block))
         _want_scales(c.arrays[1])
+        if c.arrays[1].size and c.arrays[1].max() > _INT8_MAX_SCALE:
+            _fail("non_finite", "int8 scale would overflow float32")
 
     @staticmethod
     def decode(c: Compressed) -> np.ndarray:
         q, scales = c.arrays
         (block,) = c.meta
         out = np.empty(c.numel, dtype=np.float32)
-        for lo, hi in _spans(c.numel, block):
-            np.multiply(q[lo:hi], _per_element(scales, lo, hi, block), out=out[lo:hi])
+        for lo, hi in spans(c.numel, block):
+            np.multiply(q[lo:hi], per_element(scales, lo, hi, block), out=out[lo:hi])
         return out
 
 
@@ -339,7 +287,7 @@ class TopK(_Codec):
         idx = top_k_indices(x, self.k_for(n))
         vals = x[idx]
         if self.values == "float16":
-            vals = np.clip(vals, -_F16_MAX, _F16_MAX).astype(np.float16)
+            vals = f16_bits(vals).view(np.float16)
         return Compressed("topk", n, (idx, vals))
 
     @staticmethod
@@ -367,39 +315,8 @@ class TopK(_Codec):
     def decode(c: Compressed) -> np.ndarray:
         idx, vals = c.arrays
         out = np.zeros(c.numel, dtype=np.float32)
-        out[idx] = vals
+        out[idx] = f16_to_float32(vals) if vals.dtype == np.float16 else vals
         return out
-
-
-def top_k_indices(x: np.ndarray, k: int) -> np.ndarray:
-    """Indices (int32, ascending) of the k largest |x|, exactly.
-
-    A threshold estimated from a strided sample (DGC's trick) picks a candidate set a little
-    larger than k in one pass; an exact ``argpartition`` runs on the candidates only. If the
-    sample misleads (fewer than k candidates), fall back to ``argpartition`` on everything."""
-    n = x.size
-    if k <= 0:
-        return np.empty(0, dtype=np.int32)
-    if k >= n:
-        return np.arange(n, dtype=np.int32)
-    absx = np.abs(x)
-    cand = None
-    if n >= 1 << 16 and k <= n // 8:
-        stride = max(1, n // (1 << 15))
-        sample = absx[::stride]
-        # aim for ~1.5k candidates (+ slack for sampling noise on small k)
-        want = min(sample.size - 1, int(sample.size * (1.5 * k + 64) / n))
-        thr = np.partition(sample, sample.size - 1 - want)[sample.size - 1 - want]
-        c = np.flatnonzero(absx >= thr)
-        if c.size >= k:
-            cand = c
-    if cand is None:
-        top = np.argpartition(absx, n - k)[n - k:]
-    else:
-        top = cand[np.argpartition(absx[cand], cand.size - k)[cand.size - k:]]
-    top = top.astype(np.int32)
-    top.sort()
-    return top
 
 
 class Sign(_Codec):
@@ -415,13 +332,13 @@ class Sign(_Codec):
     def compress(self, x: np.ndarray) -> Compressed:
         x = _flat32(x)
         n, block = x.size, self.block
-        sums = _block_abssum(x, block)
+        sums = block_abssum(x, block)
         counts = np.full(sums.size, block, dtype=np.float32)
         if sums.size:
             counts[-1] = n - (sums.size - 1) * block
         scales = sums / counts
         bits = np.empty(-(-n // 8), dtype=np.uint8)
-        for lo, hi in _spans(n, 8):  # spans start on byte boundaries
+        for lo, hi in spans(n, 8):  # spans start on byte boundaries
             bits[lo // 8: -(-hi // 8)] = np.packbits(x[lo:hi] >= 0)
         return Compressed("sign", n, (bits, scales), (block,))
 
@@ -429,7 +346,7 @@ class Sign(_Codec):
     def check(c: Compressed) -> None:
         block = _meta_block(c)
         _want(c.arrays[0], "bits", "uint8", -(-c.numel // 8))
-        _want(c.arrays[1], "scales", "float32", _nblocks(c.numel, block))
+        _want(c.arrays[1], "scales", "float32", nblocks(c.numel, block))
         _want_scales(c.arrays[1])
 
     @staticmethod
@@ -439,8 +356,8 @@ class Sign(_Codec):
         n = c.numel
         out = np.empty(n, dtype=np.float32)
         align = block * 8 // math.gcd(block, 8)  # spans on byte and block boundaries
-        for lo, hi in _spans(n, align):
-            s = _per_element(scales, lo, hi, block)
+        for lo, hi in spans(n, align):
+            s = per_element(scales, lo, hi, block)
             o = out[lo:hi]
             np.multiply(np.unpackbits(bits[lo // 8: -(-hi // 8)], count=hi - lo), s, out=o)
             o *= 2

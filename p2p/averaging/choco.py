@@ -1,0 +1,301 @@
+"""CHOCO-gossip: decentralized averaging that converges under any contractive compression.
+
+After Koloskova, Stich & Jaggi, "Decentralized Stochastic Optimization and Gossip Algorithms
+with Compressed Communication", ICML 2019, Algorithm 1 (CHOCO-Gossip); with local SGD steps
+landing between rounds it is their Algorithm 2 (CHOCO-SGD).
+
+Theory of operation. Peer i keeps a *public copy* x̂_i of its own parameters (what its
+neighbours believe about it) and a copy x̂_j of each neighbour's public copy. Every
+``interval_s`` (an asynchronous algorithm: training never waits) peer i
+
+1. mixes: x_i += γ Σ_j w_ij (x̂_j − x̂_i) over the neighbours whose copy it holds
+   (``port.add_delta``; γ = ``choco_gamma``; w_ij = 1 / (1 + max(d_i, d_j)), Metropolis-
+   Hastings, d = the topology degree, which travels with every message);
+2. publishes: q_i = Q(x_i − x̂_i) with its ``Compressor``; x̂_i += D(q_i); sends q_i, the same
+   record, to every neighbour (one compression per round, not per edge).
+
+On receiving q_j: x̂_j += D(q_j). Step 1 of round t+1 is the paper's consensus step of round t,
+deferred to the moment when round t's messages have arrived, so with lockstep rounds this is
+exactly Algorithm 1.
+
+Invariants. (a) Every holder of a copy of x̂_i holds the same value at the same ``seq``: copies
+change only by applying q_i in seq order; a gap or a stream it does not know makes the receiver
+drop its copy and ask for a full-precision reset (ChocoResync). (b) With W symmetric and all
+copies current, Σ_i of the mixing deltas is zero, so the swarm mean is preserved exactly; with
+messages in flight during a mix (asynchrony) the error is γ w times the in-flight q's, which
+shrink to zero at consensus. (c) x_i − x̂_i → 0 and x̂_j − x̂_i → 0 together: that is what lets
+a lossy Q (sign, top-k) reach exact consensus where averaging Q(x) directly cannot.
+
+Bootstrap and churn. Everyone starts with x̂_i = 0 (the paper's choice): a peer whose public
+copy is still 0 (seq 0) starts any stream with an ordinary compressed delta, seq 1, and a
+receiver without a copy starts one at zero for a seq-1 delta. A peer that has already published
+(seq > 0) sends a *reset* (ChocoReset: x̂_i in float32, once) to a neighbour it has not synced:
+a new neighbour, one that asked (ChocoResync), one that came back. Receivers ignore
+averaging messages from peers outside their neighbour list and drop the copy of a neighbour
+that left the list or has been silent for ``max(exchange_timeout_s, 4 interval_s)``; the
+sender forgets a destination that left its list. Each stream carries a random 62-bit ``stream``
+id drawn at construction, so a restarted peer is never mistaken for its former self.
+
+Costs. Memory: (2 + degree) float32 vectors (x̂_i, the copies, a mixing buffer). Traffic per
+round: one compressed record per neighbour, plus one float32 model per (re)synced edge.
+Config read (getattr with defaults, until AveragingConfig grows the fields): ``interval_s``,
+``exchange_timeout_s``, ``choco_gamma`` (None or absent: ``suggested_gamma``), and through
+``compressor_from_config`` ``compression`` / ``compression_block`` /
+``compression_topk_fraction`` when no compressor is passed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
+from p2p.compression.codecs import Compressor, compressor_from_config, decompress
+from p2p.compression.messages import CompressedFields, compressed_fields
+from p2p.topology.weights import metropolis_hastings_weight
+from p2p.protocol import RemoteProtocolError, Send
+from p2p.wire import message
+
+
+def suggested_gamma(compressor: Compressor) -> float:
+    """A consensus step size that converged in our tests (tests/test_choco.py): 1 for the
+    near-lossless codecs and for scaled sign; for top-k about twice the kept fraction (larger
+    steps diverge: x moves faster than x̂ can follow at k coordinates a round; the paper's
+    theory asks for γ = O(δ) too, with δ = k/n for top-k)."""
+    if compressor.name == "topk":
+        return min(1.0, 2.0 * float(getattr(compressor, "fraction", 0.5)))
+    return 1.0
+
+
+@message(61)
+@dataclass(frozen=True)
+class ChocoDelta(CompressedFields):
+    """q_i: the sender's compressed public-copy increment number ``seq`` of stream ``stream``."""
+
+    stream: int
+    seq: int
+    degree: int  # sender's topology degree (Metropolis-Hastings weights)
+    model_key: str
+
+
+@message(62)
+@dataclass(frozen=True)
+class ChocoReset:
+    """The sender's whole public copy x̂_i after increment ``seq``, float32."""
+
+    stream: int
+    seq: int
+    degree: int
+    model_key: str
+    params: np.ndarray
+
+
+@message(63)
+@dataclass(frozen=True)
+class ChocoResync:
+    """Please send me a ChocoReset: my copy of yours is missing or has a gap."""
+
+    have_seq: int  # the seq of the copy the receiver holds (-1: none), for diagnostics
+
+
+@dataclass
+class _Copy:
+    stream: int
+    seq: int
+    hat: np.ndarray  # x̂_j, writable float32
+    degree: int
+    heard: float  # last time a message advanced it
+
+
+def _check_counters(seq: int, degree: int) -> None:
+    if seq < 1 or degree < 1:
+        raise RemoteProtocolError("malformed", f"seq {seq} and degree {degree} must be >= 1")
+
+
+class ChocoGossip(AsynchronousHooks):
+    """CHOCO-gossip over a ModelPort (module docstring)."""
+
+    # Public copies x-hat_j only make sense for neighbours that stay neighbours: a graph that
+    # changes every round (hypercube, one-peer-exponential) would reset them constantly.
+    needs_static_topology = True
+    CODECS = ("none", "fp16", "bf16", "int8", "topk", "sign")  # any codec: that is CHOCO's point
+
+    name = "choco"
+    natural_topology = "ring"  # the paper's; any symmetric graph (ring, torus, exponential, full) works
+    MESSAGES = (ChocoDelta, ChocoReset, ChocoResync)
+
+    def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float,
+                 compressor: Optional[Compressor] = None) -> None:
+        self.config = config
+        self.port = port
+        self.rng = rng
+        self.compressor = compressor if compressor is not None else compressor_from_config(config)
+        gamma = getattr(config, "choco_gamma", None)
+        self.gamma = suggested_gamma(self.compressor) if gamma is None else float(gamma)
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"choco_gamma must be in (0, 1], got {self.gamma}")
+        self.interval = float(config.interval_s)
+        self.forget_after = max(float(config.exchange_timeout_s), 4 * self.interval)
+        self.stream = rng.getrandbits(62)
+        self.seq = 0
+        self.hat = np.zeros(port.numel, dtype=np.float32)  # x̂_i
+        self._copies: dict[str, _Copy] = {}
+        self._synced: set[str] = set()  # destinations whose copy of x̂_i is current
+        self._asked: dict[str, float] = {}  # src -> when we last sent it a ChocoResync
+        self._next = now + rng.uniform(0, self.interval)  # de-synchronise peers
+        # exchanges_started: records sent (deltas + resets); exchanges_completed: records applied
+        self.stats = {"exchanges_started": 0, "exchanges_completed": 0, "rounds": 0, "deltas_sent": 0,
+                      "resets_sent": 0, "bytes_sent": 0,
+                      "deltas_applied": 0, "resets_applied": 0, "resyncs_sent": 0,
+                      "resyncs_served": 0, "gaps": 0, "stale": 0, "not_neighbour": 0}
+
+    # -- queries (status, tests) ---------------------------------------------------------------
+    def public_copy(self, addr: Optional[str] = None) -> Optional[np.ndarray]:
+        """A copy of x̂_addr as we hold it (None: our own x̂_i), or None if we hold none."""
+        if addr is None:
+            return self.hat.copy()
+        copy = self._copies.get(addr)
+        return None if copy is None else copy.hat.copy()
+
+    def copies(self) -> dict[str, tuple[int, int]]:
+        """The neighbours whose public copy we hold: {addr: (stream, seq)}."""
+        return {a: (c.stream, c.seq) for a, c in self._copies.items()}
+
+    def synced(self) -> frozenset[str]:
+        """The destinations we believe hold our public copy at our current seq."""
+        return frozenset(self._synced)
+
+    # -- driver interface ---------------------------------------------------------------------
+    def busy(self) -> bool:
+        return False  # nothing waits for a reply
+
+    def next_deadline(self) -> float:
+        return self._next
+
+    def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
+        if now < self._next:
+            return []
+        self._next = now + self.interval
+        live = set(neighbours)
+        for addr in [a for a, c in self._copies.items()
+                     if a not in live or now - c.heard > self.forget_after]:
+            del self._copies[addr]
+        self._synced &= live
+        self._asked = {a: t for a, t in self._asked.items() if a in live}
+        if not neighbours:
+            return []
+        self._mix(len(neighbours))
+        return self._publish(neighbours)
+
+    def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
+        if isinstance(msg, ChocoDelta):
+            return self._on_delta(src, msg, now, neighbours)
+        if isinstance(msg, ChocoReset):
+            check_params(msg.params, msg.model_key, self.port)
+            _check_counters(msg.seq, msg.degree)
+            if src not in neighbours:
+                self.stats["not_neighbour"] += 1
+                return []
+            copy = self._copies.get(src)
+            if copy is not None and copy.stream == msg.stream and msg.seq <= copy.seq:
+                self.stats["stale"] += 1
+                return []
+            self._copies[src] = _Copy(msg.stream, msg.seq, np.array(msg.params, dtype=np.float32),
+                                      msg.degree, now)
+            self._asked.pop(src, None)
+            self.stats["resets_applied"] += 1
+            self.stats["exchanges_completed"] += 1
+            return []
+        if isinstance(msg, ChocoResync):
+            self._synced.discard(src)  # the next round sends src a reset
+            self.stats["resyncs_served"] += 1
+            return []
+        raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a CHOCO message")
+
+    # -- the two halves of a round ------------------------------------------------------------
+    def _mix(self, degree: int) -> None:
+        """x_i += γ Σ_j w_ij (x̂_j − x̂_i) over the copies held."""
+        if not self._copies:
+            return
+        acc = np.zeros_like(self.hat)
+        total = 0.0
+        for copy in self._copies.values():
+            w = metropolis_hastings_weight(degree, copy.degree)
+            acc += np.float32(w) * copy.hat
+            total += w
+        acc -= np.float32(total) * self.hat
+        acc *= np.float32(self.gamma)
+        self.port.add_delta(acc)
+
+    def _publish(self, neighbours: Sequence[str]) -> list[Send]:
+        """q_i = Q(x_i − x̂_i); x̂_i += D(q_i); q_i to synced neighbours, x̂_i to the others."""
+        diff = self.port.snapshot()  # queued deltas (our mix) included
+        diff -= self.hat
+        q = self.compressor.compress(diff)
+        self.hat += decompress(q, self.port.numel)
+        first = self.seq == 0  # every receiver's copy of a seq-0 public copy is zero
+        self.seq += 1
+        self.stats["rounds"] += 1
+        sends: list[Send] = []
+        fields = compressed_fields(q)
+        delta: Optional[ChocoDelta] = None
+        reset: Optional[ChocoReset] = None
+        degree = len(neighbours)
+        for addr in neighbours:
+            if addr in self._synced or first:
+                if delta is None:
+                    delta = ChocoDelta(**fields, stream=self.stream, seq=self.seq, degree=degree,
+                                       model_key=self.port.model_key)
+                sends.append(Send(addr, delta))
+                self.stats["deltas_sent"] += 1
+                self.stats["bytes_sent"] += q.nbytes
+            else:
+                if reset is None:  # a copy: self.hat changes in place while frames may queue
+                    reset = ChocoReset(self.stream, self.seq, degree, self.port.model_key, self.hat.copy())
+                sends.append(Send(addr, reset))
+                self.stats["resets_sent"] += 1
+                self.stats["bytes_sent"] += self.hat.nbytes
+            self._synced.add(addr)
+        self.stats["exchanges_started"] += len(sends)
+        return sends
+
+    def _on_delta(self, src: str, msg: ChocoDelta, now: float, neighbours: Sequence[str]) -> list[Send]:
+        if msg.model_key != self.port.model_key:
+            raise RemoteProtocolError("wrong_model", f"peer trains {msg.model_key!r}, we train {self.port.model_key!r}")
+        if msg.numel != self.port.numel:
+            raise RemoteProtocolError("bad_tensor", f"{msg.codec} payload of {msg.numel} elements, want {self.port.numel}")
+        _check_counters(msg.seq, msg.degree)
+        if src not in neighbours:
+            self.stats["not_neighbour"] += 1
+            return []
+        copy = self._copies.get(src)
+        if copy is not None and copy.stream == msg.stream:
+            if msg.seq <= copy.seq:
+                self.stats["stale"] += 1  # duplicate or reordered behind a reset
+                return []
+            if msg.seq != copy.seq + 1:
+                return self._gap(src, now, copy.seq)
+        elif msg.seq == 1:  # the sender's public copy was 0 before this delta
+            copy = self._copies[src] = _Copy(msg.stream, 0, np.zeros_like(self.hat), msg.degree, now)
+        else:
+            return self._gap(src, now, -1)
+        copy.hat += decompress(msg.payload(), self.port.numel)
+        copy.seq, copy.degree, copy.heard = msg.seq, msg.degree, now
+        self.stats["deltas_applied"] += 1
+        self.stats["exchanges_completed"] += 1
+        return []
+
+    def _gap(self, src: str, now: float, have: int) -> list[Send]:
+        """Our copy of src's public copy is missing or behind: drop it, ask for a reset
+        (at most once per ``forget_after``; the reset may itself be lost)."""
+        self._copies.pop(src, None)
+        self.stats["gaps"] += 1
+        asked = self._asked.get(src)
+        if asked is not None and now - asked < self.forget_after:
+            return []
+        self._asked[src] = now
+        self.stats["resyncs_sent"] += 1
+        return [Send(src, ChocoResync(have))]

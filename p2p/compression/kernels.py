@@ -1,0 +1,156 @@
+"""Array kernels behind the codecs: cache-chunked loops, blockwise reductions, float16 and
+bfloat16 bit conversions, exact top-k. Pure numpy; inputs are 1-D float32 (checked by callers).
+
+Why chunks: a codec is a handful of elementwise passes. Run over a whole 64 MB vector each pass
+streams through memory; run over ``CHUNK`` elements (256 KB of float32) the temporaries stay in
+L2, which measured 2-4x faster here. The Python loop runs n / CHUNK times (245 for 16M
+elements), never per element or per block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CHUNK = 1 << 16  # elements per cache-sized chunk
+
+
+def nblocks(n: int, block: int) -> int:
+    return -(-n // block)
+
+
+def spans(n: int, align: int) -> list[tuple[int, int]]:
+    """(lo, hi) element ranges of about CHUNK elements, lo a multiple of ``align``."""
+    step = max(align, CHUNK // align * align)
+    if n <= step:
+        return [(0, n)] if n else []
+    return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
+
+
+def per_element(per_block: np.ndarray, lo: int, hi: int, block: int) -> np.ndarray:
+    """The per-block values covering elements [lo, hi) (lo block-aligned), one per element."""
+    return np.repeat(per_block[lo // block:nblocks(hi, block)], block)[: hi - lo]
+
+
+def block_absmax(x: np.ndarray, block: int) -> np.ndarray:
+    out = np.empty(nblocks(x.size, block), dtype=np.float32)
+    for lo, hi in spans(x.size, block):
+        starts = np.arange(0, hi - lo, block)
+        out[lo // block: lo // block + starts.size] = np.maximum.reduceat(np.abs(x[lo:hi]), starts)
+    return out
+
+
+def block_abssum(x: np.ndarray, block: int) -> np.ndarray:
+    out = np.empty(nblocks(x.size, block), dtype=np.float32)
+    for lo, hi in spans(x.size, block):
+        starts = np.arange(0, hi - lo, block)
+        out[lo // block: lo // block + starts.size] = np.add.reduceat(np.abs(x[lo:hi]), starts)
+    return out
+
+
+_U32_MAG = np.uint32(0x7FFFFFFF)
+_F16_REBIAS_RNE = np.uint32((0xFFF - (112 << 23)) & 0xFFFFFFFF)  # exponent 127 -> 15, + half ulp - 1
+_F16_DENORM_MAGIC = np.float32(0.5)  # adding 0.5f leaves the half subnormal bits in the low mantissa
+_F16_DENORM_BITS = np.uint32(0x3F000000)
+_F16_FROM_BITS = np.float32(2.0**112)  # (h << 13) as float32 times 2^112 = the half's value
+
+
+def f16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> IEEE half bit patterns (uint16), round to nearest even, saturating at +-65504.
+
+    Integer ops on the uint32 view (normals), the FPU's own rounding for half subnormals (add
+    0.5f, after F. Giesen's float_to_half_fast3_rtne); bit-identical to numpy's cast below 65504
+    and 25-40% faster than it, in cache-sized chunks."""
+    out = np.empty(x.size, dtype=np.uint16)
+    u = x.view(np.uint32)
+    for lo, hi in spans(x.size, 1):
+        c = u[lo:hi]
+        mag = c & _U32_MAG
+        r = mag >> 13
+        r &= np.uint32(1)
+        r += mag
+        r += _F16_REBIAS_RNE  # wraps for tiny magnitudes: those are replaced just below
+        r >>= 13
+        np.minimum(r, np.uint32(0x7BFF), out=r)  # saturate (also NaN/Inf) at 65504
+        small = mag < np.uint32(0x38800000)  # below the smallest normal half, 2^-14
+        if small.any():
+            sub = mag.view(np.float32) + _F16_DENORM_MAGIC
+            sub_bits = sub.view(np.uint32)
+            sub_bits -= _F16_DENORM_BITS
+            np.copyto(r, sub_bits, where=small)
+        r |= (c >> 16) & np.uint32(0x8000)
+        out[lo:hi] = r
+    return out
+
+
+def f16_to_float32(h: np.ndarray) -> np.ndarray:
+    """IEEE half (float16 or its uint16 bits, finite) -> float32, exact."""
+    bits = h.view(np.uint16)
+    out = np.empty(bits.size, dtype=np.float32)
+    ou = out.view(np.uint32)
+    for lo, hi in spans(bits.size, 1):
+        c = bits[lo:hi]
+        o = ou[lo:hi]
+        np.bitwise_and(c, np.uint16(0x7FFF), out=o, casting="unsafe")
+        o <<= 13
+        of = out[lo:hi]
+        of *= _F16_FROM_BITS
+        sign = (c & np.uint16(0x8000)).astype(np.uint32)
+        sign <<= 16
+        o |= sign
+    return out
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16): round to nearest even on the uint32 view,
+    saturating to +-max finite (0x7F7F) so that no input yields an Inf/NaN pattern."""
+    out = np.empty(x.size, dtype=np.uint16)
+    u = x.view(np.uint32)
+    for lo, hi in spans(x.size, 1):
+        c = u[lo:hi]
+        mag = c & np.uint32(0x7FFFFFFF)
+        np.minimum(mag, np.uint32(0x7F7F7FFF), out=mag)  # below the value that rounds to Inf
+        r = mag >> 16
+        r &= np.uint32(1)
+        r += np.uint32(0x7FFF)
+        r += mag
+        r >>= 16
+        r |= (c >> 16) & np.uint32(0x8000)
+        out[lo:hi] = r
+    return out
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    out = bits.astype(np.uint32)
+    out <<= 16
+    return out.view(np.float32)
+
+
+def top_k_indices(x: np.ndarray, k: int) -> np.ndarray:
+    """Indices (int32, ascending) of the k largest |x|, exactly.
+
+    A threshold estimated from a strided sample (DGC's trick) picks a candidate set a little
+    larger than k in one pass; an exact ``argpartition`` runs on the candidates only. If the
+    sample misleads (fewer than k candidates), fall back to ``argpartition`` on everything."""
+    n = x.size
+    if k <= 0:
+        return np.empty(0, dtype=np.int32)
+    if k >= n:
+        return np.arange(n, dtype=np.int32)
+    absx = np.abs(x)
+    cand = None
+    if n >= 1 << 16 and k <= n // 8:
+        stride = max(1, n // (1 << 15))
+        sample = absx[::stride]
+        # aim for ~1.5k candidates (+ slack for sampling noise on small k)
+        want = min(sample.size - 1, int(sample.size * (1.5 * k + 64) / n))
+        thr = np.partition(sample, sample.size - 1 - want)[sample.size - 1 - want]
+        c = np.flatnonzero(absx >= thr)
+        if c.size >= k:
+            cand = c
+    if cand is None:
+        top = np.argpartition(absx, n - k)[n - k:]
+    else:
+        top = cand[np.argpartition(absx[cand], cand.size - k)[cand.size - k:]]
+    top = top.astype(np.int32)
+    top.sort()
+    return top
