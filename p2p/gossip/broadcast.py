@@ -16,11 +16,12 @@ _MAX_SKIPS = 8  # updates too big for the space left that we step over before gi
 
 
 class BroadcastQueue:
-    __slots__ = ("_items", "_buckets")
+    __slots__ = ("_items", "_buckets", "_low")
 
     def __init__(self) -> None:
         self._items: dict[str, list] = {}  # node id -> [update, size, transmits]
         self._buckets: list[dict[str, list]] = [{}]
+        self._low = 0  # no bucket below this index holds anything
 
     def __len__(self) -> int:
         return len(self._items)
@@ -36,6 +37,7 @@ class BroadcastQueue:
         item = [update, size, 0]
         self._items[node_id] = item
         self._buckets[0][node_id] = item
+        self._low = 0
 
     def pending(self) -> list[tuple]:
         """Pending updates, least transmitted and newest first (for tests and diagnostics)."""
@@ -43,14 +45,18 @@ class BroadcastQueue:
 
     def take(self, budget: int, limit: int) -> list[tuple]:
         """Updates whose encoded sizes fit in ``budget`` bytes; each counts one transmission."""
-        out: list[tuple] = []
+        items = self._items
+        if not items:
+            return []
+        buckets = self._buckets
         taken: list[list] = []
         skips = _MAX_SKIPS
-        for bucket in self._buckets:
-            if budget < _MIN_RECORD or not skips:
-                break
+        remaining = len(items)
+        for t in range(self._low, len(buckets)):
+            bucket = buckets[t]
             if not bucket:
                 continue
+            remaining -= len(bucket)
             for item in reversed(bucket.values()):
                 size = item[1]
                 if size > budget:  # look a little further for a smaller one, then give up
@@ -60,9 +66,9 @@ class BroadcastQueue:
                     continue
                 budget -= size
                 taken.append(item)
-        if not taken:
-            return out
-        items, buckets = self._items, self._buckets
+            if remaining <= 0 or budget < _MIN_RECORD or not skips:
+                break
+        out: list[tuple] = []
         taken.reverse()  # oldest first, so "newest last" holds in the next bucket
         for item in taken:
             update = item[0]
@@ -78,6 +84,10 @@ class BroadcastQueue:
             if t == len(buckets):
                 buckets.append({})
             buckets[t][node_id] = item
+        low, n = self._low, len(buckets)
+        while low < n and not buckets[low]:
+            low += 1
+        self._low = low if items else 0
         out.reverse()
         return out
 

@@ -34,14 +34,18 @@ DEAD/LEFT at incarnation i only becomes ALIVE/SUSPECT again at an incarnation > 
 
 Beyond memberlist: ``restore()`` preloads a table (a snapshot of an earlier run, like Serf's
 snapshot file, or the simulator's warm start) without gossiping it; probes then verify it.
+PingReq helpers Nack at 80% of their probe timeout (see NACK_AFTER).
+
+Layout: rows, probe order and sampling live in ``table.py``; the timeout and retransmit
+arithmetic in ``suspicion.py``; the transmit-limited queue in ``broadcast.py``; messages in
+``messages.py``. This module holds the rules and the timers.
 """
 
 from __future__ import annotations
 
-import operator
 import random
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Iterable, Mapping, Optional, Sequence, Union
 
 from p2p.gossip.broadcast import BroadcastQueue
 from p2p.gossip.config import MembershipConfig
@@ -53,6 +57,7 @@ from p2p.gossip.suspicion import (
     Awareness, Suspicion, awareness_delta, expected_confirmations, push_pull_interval,
     retransmit_limit, suspicion_min_timeout,
 )
+from p2p.gossip.table import ChangeHook, MemberTable
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 
 INF = float("inf")
@@ -72,11 +77,6 @@ class Member:
     last_heard: Optional[float]  # local `now` of the last message received from it, or None
 
 
-# on_change(member_id, old_state, old_incarnation, new_state, new_incarnation): old_state is
-# None when the row is new (old_incarnation -1), new_state None when it is reaped.
-ChangeHook = Callable[[str, Optional[int], int, Optional[int], int], None]
-
-
 class Membership:
     def __init__(self, config: MembershipConfig, node_id: str, addr: str, rng: random.Random,
                  now: float, incarnation: int = 0) -> None:
@@ -92,16 +92,13 @@ class Membership:
         self.addr = addr
         self._rng = rng
         self._inc = incarnation
-        self._members: dict[str, tuple] = {node_id: (ALIVE, node_id, addr, incarnation)}
-        self._ids: list[str] = []  # other members: probe order (lazy Fisher-Yates) and sampling pool
-        self._probe_idx = 0
-        self._n_live = 1  # rows ALIVE or SUSPECT, self included
-        self._last_heard: dict[str, float] = {}
-        self._dead_since: dict[str, float] = {}  # DEAD/LEFT rows -> when they became so
+        self._t = MemberTable(node_id, (ALIVE, node_id, addr, incarnation), rng)
+        self._members = self._t.rows  # read-only alias for the hot paths; writes go through _t.set
         self._suspicions: dict[str, Suspicion] = {}
         self._next_suspicion = INF  # earliest suspicion deadline (kept by _retime_suspicions)
         self._relays: dict[int, tuple[str, int, float]] = {}  # our seq -> (origin addr, its seq, deadline)
         self._queue = BroadcastQueue()
+        self._limit_n, self._limit = -1, 0  # retransmit_limit() cached for _limit_n members
         self._awareness = Awareness(config.awareness_max_multiplier)
         self._seq = 0
         self._probe_seq = -1  # -1: no probe outstanding
@@ -116,12 +113,17 @@ class Membership:
         self._join_backoff = config.join_retry_initial
         self._next_probe = self._next_gossip = self._next_push_pull = INF
         self._next_reconnect = self._next_join = INF
-        self._needs_compaction = False
-        self._version = 0
         self._alive_cache: tuple[int, list[tuple]] = (-1, [])
         self.stats: dict[str, int] = {}
-        self.on_change: Optional[ChangeHook] = None  # optional observer (simulator invariants, logs)
-        self._created = now
+
+    @property
+    def on_change(self) -> Optional[ChangeHook]:
+        """Optional observer of every table change (simulator invariants, logs); see table.py."""
+        return self._t.on_change
+
+    @on_change.setter
+    def on_change(self, hook: Optional[ChangeHook]) -> None:
+        self._t.on_change = hook
 
     # ------------------------------------------------------------------ public API
 
@@ -175,28 +177,7 @@ class Membership:
         """
         if self._started:
             raise LocalProtocolError("restore() must come before start()")
-        if isinstance(rows, Mapping):
-            table = rows
-        else:
-            rows = rows if isinstance(rows, (list, tuple)) else list(rows)
-            table = dict(zip(map(_ID_OF, rows), rows))
-        if any(map(_STATE_OF, table.values())):  # ALIVE is 0: some row is not alive
-            table = {k: r for k, r in table.items() if r[0] == ALIVE}
-        members = self._members
-        if len(members) == 1 and self.on_change is None:
-            me = members[self.node_id]
-            members = self._members = dict(table)
-            members[self.node_id] = me
-            ids = list(table)
-            if self.node_id in table:
-                ids.remove(self.node_id)
-            self._ids.extend(ids)
-            self._n_live = len(members)
-            self._version += 1
-            return
-        for nid, r in table.items():
-            if nid not in members:
-                self._set(nid, r, now)
+        self._t.restore(MemberTable.table_of(rows), now)
 
     def receive(self, src: str, msg: object, now: float) -> list[Send]:
         """Handle ``msg`` from the node advertised at ``src``; raises RemoteProtocolError if bad."""
@@ -214,7 +195,7 @@ class Membership:
         _HANDLERS[t](self, src, msg, now, out)
         self._joined = True
         if sender in self._members:
-            self._last_heard[sender] = now
+            self._t.last_heard[sender] = now
         return out
 
     def tick(self, now: float) -> list[Send]:
@@ -261,11 +242,11 @@ class Membership:
         if self._left:
             return []
         update = (LEFT, self.node_id, self.addr, self._inc, self.node_id)
-        self._set(self.node_id, (LEFT, self.node_id, self.addr, self._inc), now)
+        self._t.set(self.node_id, (LEFT, self.node_id, self.addr, self._inc), now)
         cfg = self.config
-        fanout = max(cfg.gossip_nodes, retransmit_limit(cfg.retransmit_mult, self._n_live + 1))
+        fanout = max(cfg.gossip_nodes, retransmit_limit(cfg.retransmit_mult, self._t.n_live + 1))
         out = [Send(self._members[i][2], trusted(Gossip, self.node_id, (update,)))
-               for i in self._sample(fanout, SUSPECT, "")]
+               for i in self._t.sample(fanout, SUSPECT, "")]
         self._count("sent_Gossip", len(out))
         self._left = True
         return out
@@ -277,16 +258,16 @@ class Membership:
         possibly failing member can filter on ``state == "alive"``.
         """
         version, rows = self._alive_cache
-        if version != self._version:
+        if version != self._t.version:
             rows = sorted((r for r in self._members.values() if r[0] <= SUSPECT and r[1] != self.node_id),
                           key=lambda r: r[1])
-            self._alive_cache = (self._version, rows)
-        lh = self._last_heard
+            self._alive_cache = (self._t.version, rows)
+        lh = self._t.last_heard
         return [Member(r[1], r[2], STATE_NAMES[r[0]], r[3], lh.get(r[1])) for r in rows]
 
     def table(self) -> list[Member]:
         """Every known member, self included, by id (for ``p2p status``)."""
-        lh = self._last_heard
+        lh = self._t.last_heard
         rows = [Member(r[1], r[2], STATE_NAMES[r[0]], r[3], lh.get(r[1])) for r in self._members.values()]
         rows.sort(key=lambda m: m.id)
         return rows
@@ -296,7 +277,7 @@ class Membership:
         r = self._members.get(node_id)
         if r is None:
             return None
-        return Member(r[1], r[2], STATE_NAMES[r[0]], r[3], self._last_heard.get(node_id))
+        return Member(r[1], r[2], STATE_NAMES[r[0]], r[3], self._t.last_heard.get(node_id))
 
     def state_of(self, node_id: str) -> Optional[int]:
         """The state code (ALIVE/SUSPECT/DEAD/LEFT) of ``node_id``, or None; cheap."""
@@ -305,7 +286,7 @@ class Membership:
 
     def num_live(self) -> int:
         """Rows ALIVE or SUSPECT, self included (our estimate of the cluster size)."""
-        return self._n_live
+        return self._t.n_live
 
     def local_health(self) -> int:
         """Lifeguard awareness score: 0 is healthy; timeouts are scaled by score + 1."""
@@ -393,7 +374,7 @@ class Membership:
             st = rec[0]
             if cur is None:
                 if st <= SUSPECT:  # new member; a remote suspicion is theirs to confirm, not ours
-                    self._set(nid, rec if st == ALIVE else (ALIVE, nid, rec[2], rec[3]), now)
+                    self._t.set(nid, rec if st == ALIVE else (ALIVE, nid, rec[2], rec[3]), now)
                     self._broadcast((ALIVE, nid, rec[2], rec[3], ""), now)
                 continue
             if st == ALIVE:
@@ -414,7 +395,7 @@ class Membership:
             return
         if cur is not None and self._suspicions.pop(nid, None) is not None:
             self._retime_suspicions()
-        self._set(nid, (ALIVE, nid, addr, inc), now)
+        self._t.set(nid, (ALIVE, nid, addr, inc), now)
         if announce:
             self._broadcast(u if len(u) == 5 else (ALIVE, nid, addr, inc, ""), now)
 
@@ -435,9 +416,9 @@ class Membership:
             self._refute(inc, now)
             self._count("false_suspicions_refuted")
             return
-        self._set(nid, (SUSPECT, nid, cur[2], inc), now)
+        self._t.set(nid, (SUSPECT, nid, cur[2], inc), now)
         cfg = self.config
-        n = self._n_live
+        n = self._t.n_live
         mn = suspicion_min_timeout(cfg.suspicion_mult, n, cfg.probe_interval)
         s = self._suspicions[nid] = Suspicion(u[4], expected_confirmations(cfg.suspicion_mult, n), mn,
                                               mn * cfg.suspicion_max_timeout_mult, now, inc)
@@ -459,7 +440,7 @@ class Membership:
             self._refute(inc, now)
             return
         state = LEFT if u[0] == LEFT else DEAD
-        self._set(nid, (state, nid, cur[2], inc), now)
+        self._t.set(nid, (state, nid, cur[2], inc), now)
         self._broadcast(u, now)
         self._count("declared_left" if state == LEFT else "declared_dead")
 
@@ -467,35 +448,9 @@ class Membership:
         inc = max(self._inc, accused) + 1
         self._inc = inc
         self._awareness.apply(1)
-        self._set(self.node_id, (ALIVE, self.node_id, self.addr, inc), now)
+        self._t.set(self.node_id, (ALIVE, self.node_id, self.addr, inc), now)
         self._broadcast((ALIVE, self.node_id, self.addr, inc, ""), now)
         self._count("refutes")
-
-    def _set(self, nid: str, new: Optional[tuple], now: float) -> None:
-        """The one place rows change: keeps counters, the probe list and observers in step."""
-        members = self._members
-        old = members.get(nid)
-        was_live = old is not None and old[0] <= SUSPECT
-        if new is None:
-            del members[nid]
-            self._dead_since.pop(nid, None)
-            self._last_heard.pop(nid, None)
-            self._needs_compaction = True
-        else:
-            members[nid] = new
-            if new[0] >= DEAD:
-                if old is None or old[0] <= SUSPECT:
-                    self._dead_since[nid] = now
-            elif old is not None and old[0] >= DEAD:
-                del self._dead_since[nid]
-            if old is None and nid != self.node_id:
-                self._ids.append(nid)
-        self._n_live += (new is not None and new[0] <= SUSPECT) - was_live
-        self._version += 1
-        hook = self.on_change
-        if hook is not None:
-            hook(nid, None if old is None else old[0], -1 if old is None else old[3],
-                 None if new is None else new[0], -1 if new is None else new[3])
 
     def _broadcast(self, update: tuple, now: float) -> None:
         self._queue.push(update[1], update, record_size(update))
@@ -505,9 +460,10 @@ class Membership:
     def _take(self) -> tuple:
         if not self._queue:
             return ()
-        cfg = self.config
-        return tuple(self._queue.take(cfg.packet_budget_bytes - _OVERHEAD,
-                                      retransmit_limit(cfg.retransmit_mult, self._n_live)))
+        n = self._t.n_live
+        if n != self._limit_n:
+            self._limit_n, self._limit = n, retransmit_limit(self.config.retransmit_mult, n)
+        return tuple(self._queue.take(self.config.packet_budget_bytes - _OVERHEAD, self._limit))
 
     # ------------------------------------------------------------------ timers
 
@@ -518,7 +474,7 @@ class Membership:
         self._next_probe = now + self._awareness.scale(cfg.probe_interval)
         if self._queue and self._next_gossip == INF:
             self._next_gossip = now + cfg.gossip_interval
-        target = self._next_target()
+        target = self._t.next_probe_target()
         if target is None:
             return
         rec = self._members[target]
@@ -535,34 +491,6 @@ class Membership:
         self._probe_expected_nacks = 0
         self._probe_timeout_at = now + self._awareness.scale(cfg.probe_timeout)
 
-    def _next_target(self) -> Optional[str]:
-        """Round-robin over the members in an order reshuffled every round (lazily)."""
-        ids, members, rng = self._ids, self._members, self._rng
-        for _ in range(2):  # at most one wrap per call
-            n = len(ids)
-            i = self._probe_idx
-            while i < n:
-                j = i + int(rng.random() * (n - i))
-                cand = ids[j]
-                ids[j] = ids[i]
-                ids[i] = cand
-                i += 1
-                rec = members.get(cand)
-                if rec is not None and rec[0] <= SUSPECT:
-                    self._probe_idx = i
-                    return cand
-            self._probe_idx = 0
-            if self._needs_compaction:
-                self._compact()
-                ids = self._ids
-        return None
-
-    def _compact(self) -> None:
-        members = self._members
-        self._ids = [i for i in dict.fromkeys(self._ids) if i in members]
-        self._needs_compaction = False
-        self._probe_idx = 0
-
     def _probe_failed(self, now: float) -> None:
         self._count("probe_failures")
         self._awareness.apply(awareness_delta(self._probe_expected_nacks, self._probe_nacks))
@@ -578,7 +506,7 @@ class Membership:
         rec = self._members.get(target)
         if rec is None:
             return
-        helpers = self._sample(self.config.indirect_checks, ALIVE, target)
+        helpers = self._t.sample(self.config.indirect_checks, ALIVE, target)
         for h in helpers:
             out.append(Send(self._members[h][2], trusted(PingReq, self._probe_seq, self.node_id, target, rec[2])))
         self._count("sent_PingReq", len(helpers))
@@ -609,7 +537,7 @@ class Membership:
         if not self._queue:
             self._next_gossip = INF
             return
-        targets = self._sample(cfg.gossip_nodes, SUSPECT, "", now - cfg.gossip_to_the_dead)
+        targets = self._t.sample(cfg.gossip_nodes, SUSPECT, "", now - cfg.gossip_to_the_dead)
         if not targets:
             self._next_gossip = INF  # re-armed by the next probe tick or queued update
             return
@@ -623,8 +551,8 @@ class Membership:
 
     def _push_pull(self, now: float, out: list) -> None:
         cfg = self.config
-        self._next_push_pull = now + push_pull_interval(cfg.push_pull_interval, self._n_live)
-        peers = self._sample(1, ALIVE, "")
+        self._next_push_pull = now + push_pull_interval(cfg.push_pull_interval, self._t.n_live)
+        peers = self._t.sample(1, ALIVE, "")
         if peers:
             self._send_push_pull(self._members[peers[0]][2], out)
 
@@ -634,14 +562,14 @@ class Membership:
         self._next_reconnect = now + cfg.reconnect_interval
         members = self._members
         recent = []
-        for nid, since in list(self._dead_since.items()):
+        for nid, since in list(self._t.dead_since.items()):
             age = now - since
             if age > cfg.reap_after:
-                self._set(nid, None, now)
+                self._t.set(nid, None, now)
                 self._count("reaped")
             elif age <= cfg.reconnect_window and members[nid][0] == DEAD:
                 recent.append(nid)
-        if recent and self._rng.random() < len(recent) / max(1, self._n_live - 1):
+        if recent and self._rng.random() < len(recent) / max(1, self._t.n_live - 1):
             nid = recent[int(self._rng.random() * len(recent))]
             self._send_push_pull(members[nid][2], out)
             self._count("reconnects")
@@ -657,38 +585,11 @@ class Membership:
         out.append(Send(addr, trusted(PushPull, self.node_id, False, True, tuple(self._members.values()))))
         self._count("sent_PushPull")
 
-    def _sample(self, k: int, max_state: int, exclude: str, dead_after: float = INF) -> list[str]:
-        """Up to ``k`` distinct random members with state <= max_state (or dead since
-        ``dead_after``), never self or ``exclude``."""
-        if k <= 0:
-            return []
-        ids, members, rng, me = self._ids, self._members, self._rng, self.node_id
-        dead_since = self._dead_since
-        n = len(ids)
-        if n <= 4 * k + 8:
-            pool = [i for i in dict.fromkeys(ids) if i != exclude and i != me and i in members
-                    and (members[i][0] <= max_state or
-                         (members[i][0] == DEAD and dead_since[i] >= dead_after))]
-            return pool if len(pool) <= k else rng.sample(pool, k)
-        chosen: list[str] = []
-        for _ in range(4 * k + 16):
-            i = ids[int(rng.random() * n)]
-            if i == exclude or i == me or i in chosen:
-                continue
-            rec = members.get(i)
-            if rec is not None and (rec[0] <= max_state or (rec[0] == DEAD and dead_since[i] >= dead_after)):
-                chosen.append(i)
-                if len(chosen) == k:
-                    break
-        return chosen
-
     def _count(self, key: str, n: int = 1) -> None:
         stats = self.stats
         stats[key] = stats.get(key, 0) + n
 
 
-_STATE_OF = operator.itemgetter(0)
-_ID_OF = operator.itemgetter(1)
 _RECV_KEYS = {t: "recv_" + t.__name__ for t in MEMBERSHIP_MESSAGES}
 
 _HANDLERS = {

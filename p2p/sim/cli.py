@@ -35,13 +35,13 @@ def simulate(
     partition: Optional[float] = typer.Option(None, "--partition", help="Fraction of members cut off, in (0, 1)."),
     partition_s: float = typer.Option(60.0, "--partition-s", help="How long the partition lasts (s)."),
     duration_s: float = typer.Option(60.0, "--duration-s", help="Simulated seconds."),
-    preset: str = typer.Option("lan", "--config", help="Membership preset: lan, wan or local."),
+    preset: str = typer.Option("lan", "--membership", help="Membership timer preset: lan, wan or local."),
     warm_start: bool = typer.Option(False, "--warm-start", help="Start with every member knowing every other."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object and nothing else on stdout."),
 ) -> None:
     """Simulate SWIM/Lifeguard membership: convergence, failure detection, partitions."""
     if preset not in PRESETS:
-        _fail(f"--config must be one of {', '.join(sorted(PRESETS))}, got {preset!r}")
+        _fail(f"--membership must be one of {', '.join(sorted(PRESETS))}, got {preset!r}")
     try:
         cfg = SimConfig(peers=peers, seed=seed, duration_s=duration_s, loss=loss, delay_ms=delay_ms,
                         crash=crash, join=join, leave=leave, partition=partition, partition_s=partition_s,
@@ -53,7 +53,7 @@ def simulate(
         result = run(cfg)
     except InvariantViolation as exc:
         typer.echo(str(exc), err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     typer.echo(f"simulated {duration_s:g} s in {time.perf_counter() - started:.1f} s wall", err=True)
     if as_json:
         typer.echo(json.dumps(result, sort_keys=True))

@@ -120,42 +120,53 @@ class Simulation:
     def run(self) -> dict:
         self.schedule()
         heap, nodes, up, group, sched = self.heap, self.nodes, self.up, self.group, self.sched
-        addrs, end = self.addrs, self.cfg.duration_s
-        pop = heapq.heappop
+        addrs, end, dispatch = self.addrs, self.cfg.duration_s, self._dispatch
+        pop, push = heapq.heappop, heapq.heappush
         events = 0
         while heap:
             t, _, kind, a, b, c = pop(heap)
             if t > end:
                 break
-            self.now = t
             events += 1
             if kind == DELIVER:
                 if not up[a] or group[a] != group[b]:
                     self.dropped += 1
                     continue
+                self.now = t
+                node = nodes[a]
                 try:
-                    sends = nodes[a].receive(addrs[b], c, t)
+                    sends = node.receive(addrs[b], c, t)
                 except RemoteProtocolError:
                     self.remote_errors += 1
                     continue
                 if sends:
-                    self._dispatch(a, sends, t)
-                self._reschedule(a, t)
+                    dispatch(a, sends, t)
+                d = node.next_deadline()  # keep one live TICK per member; older ones go stale
+                if d != sched[a]:
+                    if d < t:
+                        d = t
+                    sched[a] = d
+                    if d < INF:
+                        push(heap, (d, self.seq, TICK, a, 0, None))
+                        self.seq += 1
             elif kind == TICK:
                 if sched[a] != t or not up[a]:
                     continue
+                self.now = t
                 sched[a] = INF
                 node = nodes[a]
                 sends = node.tick(t)
                 if sends:
-                    self._dispatch(a, sends, t)
+                    dispatch(a, sends, t)
                 d = node.next_deadline()
                 if d <= t:
                     raise InvariantViolation(self.cfg.seed, t, f"{self.ids[a]}: tick() left next_deadline() at {d}")
                 if d < INF:
                     sched[a] = d
-                    self._push(d, TICK, a)
+                    push(heap, (d, self.seq, TICK, a, 0, None))
+                    self.seq += 1
             else:
+                self.now = t
                 self._action(kind, a, t)
         self.events = events
         self.now = end
@@ -174,24 +185,27 @@ class Simulation:
                 self.seq += 1
 
     def _dispatch(self, i: int, sends: list, t: float) -> None:
-        cfg, rng, size_of, index = self.cfg, self.rng, self.size, self.addr_index
+        cfg, rng, size_of, index, heap = self.cfg, self.rng, self.size, self.addr_index, self.heap
         loss, base, jitter, bw = cfg.loss, cfg.delay_ms / 1000.0, cfg.jitter_ms / 1000.0, cfg.bandwidth_bps
-        heap = self.heap
+        seq, nbytes, dropped = self.seq, 0, 0
         for s in sends:
             msg = s.msg
             size = size_of(msg)
-            self.msgs += 1
-            self.bytes += size
+            nbytes += size
             j = index.get(s.to)
             if j is None or (loss and rng.random() < loss):
-                self.dropped += 1
+                dropped += 1
                 continue
             depart = t
             if bw:
                 depart = max(t, self.link_free[i]) + size * 8.0 / bw
                 self.link_free[i] = depart
-            heapq.heappush(heap, (depart + base + rng.random() * jitter, self.seq, DELIVER, j, i, msg))
-            self.seq += 1
+            heapq.heappush(heap, (depart + base + rng.random() * jitter, seq, DELIVER, j, i, msg))
+            seq += 1
+        self.seq = seq
+        self.msgs += len(sends)
+        self.bytes += nbytes
+        self.dropped += dropped
 
     def _action(self, kind: int, i: int, t: float) -> None:
         if kind == START:
@@ -218,7 +232,7 @@ class Simulation:
                 self.group[i] = 1
             self.partition_started = t
         elif kind == HEAL:
-            self.group = [0] * self.n
+            self.group[:] = [0] * self.n  # in place: the main loop holds this list
             self.heal_at = t
             self._check_full(t)
 
@@ -257,7 +271,7 @@ class Simulation:
         """Start every initial member already holding the full table, as if each had just
         completed a join push-pull (skips the join phase for large runs)."""
         peers = self.cfg.peers
-        rows = [(ALIVE, self.ids[i], self.addrs[i], 0) for i in range(peers)]
+        rows = {self.ids[i]: (ALIVE, self.ids[i], self.addrs[i], 0) for i in range(peers)}
         for i in range(peers):
             m = self._make(i, t)
             m.restore(rows, t)

@@ -13,7 +13,8 @@ import dataclasses
 from p2p.gossip.messages import ALIVE, PushPull, record_size
 from p2p.wire import encode
 
-_EXACT_UP_TO = 16
+_EXACT_UP_TO = 8
+_CACHE_MAX = 1 << 20
 
 
 def _array_header(n: int) -> int:
@@ -27,6 +28,7 @@ class WireSize:
         self.update_avg = sum(record_size((ALIVE, i, a, 0, "")) for i, a in zip(ids, addrs)) / k
         self._shapes: dict[type, tuple[int, str, float]] = {}
         self._src = addrs[0] if addrs else "0.0.0.0:0"
+        self._record_sizes: dict[int, tuple[tuple, int]] = {}  # id(record) -> (record, size)
 
     def _shape(self, msg: object) -> tuple[int, str, float]:
         t = type(msg)
@@ -49,5 +51,14 @@ class WireSize:
         if not n:
             return base
         if n <= _EXACT_UP_TO:
-            return base + _array_header(n) + sum(record_size(r) for r in recs)
+            cache = self._record_sizes
+            total = base + _array_header(n)
+            for r in recs:  # updates are forwarded as the same tuple objects: size each once
+                hit = cache.get(id(r))
+                if hit is None or hit[0] is not r:
+                    if len(cache) > _CACHE_MAX:
+                        cache.clear()
+                    hit = cache[id(r)] = (r, record_size(r))
+                total += hit[1]
+            return total
         return base + _array_header(n) + int(n * avg)
