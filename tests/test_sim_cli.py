@@ -57,3 +57,25 @@ def test_bad_options_exit_non_zero_with_one_clear_line(args, words):
     assert res.stdout == ""
     err = res.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and words in err[0]
+
+
+def test_simulate_with_an_algorithm_runs_the_averaging_simulator():
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from p2p.sim.cli import simulate
+
+    app = typer.Typer()
+    app.command()(simulate)
+    args = ["--algorithm", "adpsgd", "--topology", "ring", "--peers", "8", "--steps", "120", "--seed", "4", "--json"]
+    first, second = CliRunner().invoke(app, args), CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert first.stdout == second.stdout  # same seed, same bytes
+    out = json.loads(first.stdout)
+    assert out["algorithm"] == "adpsgd" and out["topology"] == "ring"
+    assert out["final_consensus"] < 0.1 * out["initial_consensus"]
+    assert out["final_gap"] < 0.1 * out["initial_gap"]
+    bad = CliRunner().invoke(app, ["--algorithm", "allreduce"])
+    assert bad.exit_code == 2 and "must be one of" in bad.output
