@@ -38,8 +38,11 @@ def test_three_peers_converge_to_one_accurate_model(tmp_path):
         for s in final:
             assert s["averaging"]["exchanges_completed"] > 10
             assert s["accuracy"] >= 0.78, s  # the task's single-process reference reaches ~0.83
-            assert len(s["neighbours"]) == 2
             assert s["bytes_sent"] > 0 and s["bytes_received"] > 0
+        # everyone lists both others as neighbours (polled: a peer starved of CPU can be
+        # suspected for a moment, and refutes)
+        wait_until(lambda: (s := statuses(swarm, range(3))) and all(len(x["neighbours"]) == 2 for x in s),
+                   30, what="every peer to have both others as neighbours")
         codes = swarm.stop()
     assert codes == [0, 0, 0]
 
