@@ -33,6 +33,7 @@ class StepHooks:
         self.gates_steps = getattr(kind, "may_step", None) is not AsynchronousHooks.may_step
         self.wants_gradient = bool(getattr(averager, "wants_gradient", False))
         self.posts_after_step = getattr(kind, "after_step", None) is not AsynchronousHooks.after_step
+        self.serves_done = callable(getattr(averager, "training_done", None))
         self.gate_timeout_s = gate_timeout_s  # safety net: the averager's own timeouts come first
         self.gate_timeouts = 0  # times the trainer went on without the averager's go-ahead
         self._context = context or zmq.Context.instance()
@@ -76,6 +77,12 @@ class StepHooks:
         if self.posts_after_step:
             self._post("after_step", step)
 
+    def training_done(self, step: int) -> None:
+        """The trainer took its last step (it lingers from now on): tell an averager that
+        serves finished peers differently (``training_done(step, now)``, optional)."""
+        if self.serves_done:
+            self._post("training_done", step)
+
     def close_trainer_side(self) -> None:
         if self._push is not None:
             self._push.close(linger=0)
@@ -97,6 +104,8 @@ class StepHooks:
             kind, step = self._requests.popleft()
             if kind == "after_step":
                 sends += averager.after_step(step, now, neighbours)
+            elif kind == "training_done":
+                averager.training_done(step, now)
             elif kind == "may_step":
                 self._waiting = ("may_step", step)
             elif kind == "on_gradient":

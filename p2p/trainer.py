@@ -106,6 +106,8 @@ class TrainingLoop:
             # land in the gate before the next step, which would otherwise never come.
             self.hooks.before_step(state.step + 1)
             state.deltas_applied += self.flat.apply_pending()
+        if self.hooks is not None and not stop.is_set():
+            self.hooks.training_done(state.step)  # from now on the averager serves the others
         self.evaluate()
 
     def linger(self, stop: threading.Event, linger_s: Optional[float]) -> None:
@@ -113,13 +115,17 @@ class TrainingLoop:
         self.state.phase = "lingering"
         end = None if linger_s is None else time.monotonic() + linger_s
         last_eval = time.monotonic()
+        unevaluated = 0  # deltas applied since the last evaluation
         while not stop.wait(0.02):
             if end is not None and time.monotonic() >= end:
                 break
             applied = self.flat.apply_pending()
             self.state.deltas_applied += applied
-            if applied and time.monotonic() - last_eval >= self.eval_every_s:
+            unevaluated += applied
+            # Re-evaluate once the model changed, even if the last deltas came just after an
+            # evaluation: the reported accuracy must catch up with the mixed model.
+            if unevaluated and time.monotonic() - last_eval >= self.eval_every_s:
                 self.evaluate()
-                last_eval = time.monotonic()
+                last_eval, unevaluated = time.monotonic(), 0
         self.state.deltas_applied += self.flat.apply_pending()
         self.evaluate()

@@ -1,5 +1,7 @@
 """Every averaging algorithm trains real models in real processes over real ZeroMQ."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -19,9 +21,16 @@ def test_algorithm_trains_and_mixes_with_real_peers(algorithm, tmp_path):
             "--join-timeout", "60"]
     with LocalSwarm(3, tmp_path, args, per_peer_args=[["--shard", f"{i}/3"] for i in range(3)]) as swarm:
         swarm.start()
-        final = wait_until(lambda: (s := [swarm.status(i) for i in range(3)]) and all(s) and all(
-            x["phase"] == "lingering" and x["accuracy"] == x["accuracy"] for x in s) and s,
-            240, what=f"{algorithm} peers to finish {steps} steps")
+        def statuses():
+            s = [swarm.status(i) for i in range(3)]
+            return all(s) and all(x["phase"] == "lingering" and x["accuracy"] == x["accuracy"] for x in s) and s
+
+        wait_until(statuses, 240, what=f"{algorithm} peers to finish {steps} steps")
+        # The accuracy a lingering peer reports is re-evaluated (every --eval-every s) after the
+        # last mixes land: read it once that has had time to happen, not at the first instant.
+        done_at = time.monotonic()
+        final = wait_until(lambda: time.monotonic() - done_at >= 2.5 and statuses(), 30,
+                           what=f"{algorithm} peers to report their final accuracy")
         params = [swarm.params(i) for i in range(3)]
         codes = swarm.stop()
     assert codes == [0, 0, 0]

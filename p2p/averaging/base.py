@@ -60,6 +60,11 @@ class Averager(Protocol):
         after_step(k, now, n)  -> step k's optimizer update is applied; send what the
                                   algorithm sends per step (D-PSGD round k, push-sum share).
 
+    Optional: ``training_done(step, now)``, called once after the last step (and after the
+    gate that finished its round) when the peer goes on lingering without training. The
+    synchronous algorithms then answer their neighbours' rounds from ``tick`` instead of
+    leaving them to time out; SGP answers shares so weight flows back (p2p/averaging/sgp.py).
+
     ``n`` is the current neighbour list (addresses, from the topology over live members),
     computed for the round ``topology_round()`` returns just before the call, so time-varying
     topologies (one-peer exponential, hypercube) follow the algorithm's own round counter.
@@ -133,6 +138,7 @@ class AveragingConfig:
     diloco_outer_lr: float = 0.7  # DiLoCo outer learning rate on the averaged pseudo-gradient (paper: 0.7)
     diloco_outer_momentum: float = 0.9  # DiLoCo outer Nesterov momentum (paper: 0.9)
     diloco_gossip_rounds: int = 1  # neighbour-averaging rounds of the pseudo-gradient per outer step (1 is exact on "full")
+    sgp_push_interval_s: float = 0.02  # SGP: at most one push per this long (0: every step, as in the paper); bounds the weight in flight when steps outpace the network
     gossipgrad_model_every: int = 8  # GossipGraD: average models with the partner every this many steps (0: gradients only)
     # Read by p2p/compression (compressor_from_config) and p2p/averaging/choco.py:
     compression: str = "none"  # codec for compressed averaging: none | int8 | sign | topk ...
@@ -157,6 +163,8 @@ class AveragingConfig:
             raise ValueError("diloco_inner_steps and diloco_gossip_rounds must be >= 1")
         if self.diloco_outer_lr <= 0 or not 0 <= self.diloco_outer_momentum < 1:
             raise ValueError("diloco_outer_lr must be > 0 and diloco_outer_momentum in [0, 1)")
+        if self.sgp_push_interval_s < 0:
+            raise ValueError("sgp_push_interval_s must be >= 0")
         if self.gossipgrad_model_every < 0:
             raise ValueError("gossipgrad_model_every must be >= 0")
 

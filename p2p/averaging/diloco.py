@@ -27,6 +27,15 @@ Hooks (local step k):
   the driver computes its neighbours for the new ``topology_round()``).
 - ``on_gradient`` / ``gradient_ready``: not used.
 
+Finished peers: after its last step a peer stops calling the hooks but lingers until stopped.
+The trainer calls ``training_done`` (after the gate that completed its last outer step); from
+then on the peer answers every outer round a neighbour begins (``serve_round``), from ``tick``,
+with its theta_start and the Delta of the inner steps it took since (none: zero), and takes the
+outer step like everyone else. So the peers still training never wait a round timeout for it,
+and its theta_start copy keeps following theta_start: the swarm ends in agreement. A zero Delta
+dilutes the average pseudo-gradient by the share of finished peers (the outer step of a swarm
+where only some still train is that much shorter). Finished peers never begin a round.
+
 Waits at every outer boundary for the neighbours (bounded by the timeout per round): a slow
 peer delays the others once per H steps, not every step. Rounds are aligned as in ``rounds.py``.
 """
@@ -75,8 +84,13 @@ class DiLoCo(AsynchronousHooks):
         self._syncing = False  # between the boundary and the outer step
         self._payload: tuple[np.ndarray, ...] = ()
         self._continue_at = math.inf  # when tick() begins the next gossip round
+        self._done = False  # the trainer finished: answer the neighbours' outer rounds
+        self._serving: int | None = None  # the round a finished peer begins at its next tick
+        self.stats["rounds_served"] = 0
 
     def topology_round(self) -> int:
+        if self._serving is not None:
+            return self._serving
         return self._rounds.next_round()
 
     def busy(self) -> bool:
@@ -89,10 +103,30 @@ class DiLoCo(AsynchronousHooks):
     def outer_parameters(self) -> np.ndarray:
         return self._start
 
+    def training_done(self, step: int, now: float) -> None:
+        """The trainer took its last step (and its last outer step): keep taking part in the
+        neighbours' outer rounds (module docstring, "Finished peers")."""
+        self._done = True
+        self._rounds.serving = True
+        self._serve(now)
+
+    def _serve(self, now: float) -> None:
+        """A finished peer joins the oldest round a neighbour began that it has not."""
+        if not self._done or self._syncing:
+            return
+        served = self._rounds.serve_round()
+        if served is None:
+            return
+        # No inner steps since the last outer step: Delta is zero (the model is theta_start).
+        self._payload = (self._start, self._start - self.port.snapshot())
+        self._syncing, self._serving, self._continue_at = True, served, now
+        self.stats["rounds_served"] += 1
+
     def _begin(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         self._continue_at = math.inf
         start, delta = self._payload
-        r = self._rounds.begin(now, neighbours, self._payload)
+        r = self._rounds.begin(now, neighbours, self._payload, round=self._serving)
+        self._serving = None
         msg = OuterShare(r, self.port.step, len(neighbours), self.port.model_key, start, delta)
         self._poll(now)
         return [Send(j, msg) for j in neighbours]
@@ -107,9 +141,9 @@ class DiLoCo(AsynchronousHooks):
             # joiner): tick begins the next round (at the swarm's round number) right away.
             self._continue_at = now
             return
-        self._outer_step()
+        self._outer_step(now)
 
-    def _outer_step(self) -> None:
+    def _outer_step(self, now: float) -> None:
         cfg = self.config
         start, delta = self._payload
         mu = np.float32(cfg.diloco_outer_momentum)
@@ -119,6 +153,7 @@ class DiLoCo(AsynchronousHooks):
         self._syncing = False
         self._payload = ()
         self.stats["outer_steps"] += 1
+        self._serve(now)  # finished: a neighbour may have begun the next round already
 
     # -- step hooks ---------------------------------------------------------------------------
     def may_step(self, step: int, now: float) -> bool:
@@ -145,6 +180,7 @@ class DiLoCo(AsynchronousHooks):
         self._rounds.offer(src, msg.round, msg.degree, msg.step, (msg.params, msg.delta))
         if self._syncing and self._continue_at == math.inf:
             self._poll(now)
+        self._serve(now)
         return []
 
     def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:

@@ -21,6 +21,14 @@ THIS ALGORITHM WAITS FOR STRAGGLERS: every peer waits for its neighbours each st
 connected swarm runs at the pace of its slowest member (up to the round timeout, after which the
 straggler is dropped from that round). Use AD-PSGD, SGP or elastic gossip when speeds differ.
 
+Finished peers: after its last step a peer stops calling the hooks but lingers until stopped.
+The trainer then calls ``training_done``; from there on the peer answers every round a
+neighbour begins (``serve_round``: the oldest buffered round not yet begun) from ``tick``, with
+its current parameters, exactly as if it stepped infinitely fast. So the peers still training
+never wait a round timeout for it, and it keeps mixing with them (the swarm ends in consensus).
+A finished peer ahead of the trainers pulls them forward (``rounds.py``). Finished peers only
+answer rounds, so once every peer finished the rounds stop.
+
 Invariants: with symmetric W, no loss and no timeouts the pair terms W_ij (s_j - s_i) and
 W_ji (s_i - s_j) cancel, so the swarm mean of the parameters is preserved by mixing. A round
 that times out drops the missing pair terms on one side only (the mean drifts by those terms).
@@ -30,6 +38,7 @@ and dropped, never mixed.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Sequence
@@ -65,15 +74,24 @@ class Dpsgd(AsynchronousHooks):
         self.port = port
         self.stats: dict[str, int] = {}
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats)
+        self.stats.setdefault("rounds_served", 0)
 
     def topology_round(self) -> int:
-        return self._rounds.next_round()
+        served = self._rounds.serve_round()
+        return self._rounds.next_round() if served is None else served
 
     def busy(self) -> bool:
         return self._rounds.waiting
 
     def next_deadline(self) -> float:
+        if self._rounds.serve_round() is not None:
+            return -math.inf  # a neighbour began a round we have not: tick answers it now
         return self._rounds.deadline
+
+    def training_done(self, step: int, now: float) -> None:
+        """The trainer took its last step and lingers: keep taking part in the neighbours'
+        rounds (module docstring, "Finished peers")."""
+        self._rounds.serving = True
 
     def _poll(self, now: float) -> None:
         if self._rounds.ready(now):
@@ -107,4 +125,13 @@ class Dpsgd(AsynchronousHooks):
 
     def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         self._poll(now)
-        return []
+        served = self._rounds.serve_round()
+        if served is None:
+            return []
+        # ``neighbours`` were computed for topology_round() == served.
+        snapshot = self.port.snapshot()
+        r = self._rounds.begin(now, neighbours, (snapshot,), round=served)
+        self.stats["rounds_served"] += 1
+        msg = DpsgdParams(r, self.port.step, len(neighbours), self.port.model_key, snapshot)
+        self._poll(now)
+        return [Send(j, msg) for j in neighbours]

@@ -28,6 +28,15 @@ buffered. So a joiner costs at most one round timeout; a lying peer can only pus
 forward, costing the same. A peer that lags by less (a straggler) keeps its lag: its
 neighbours find its vectors in time or drop it from a round.
 
+Finished peers (``serving``): a peer that stopped stepping but lingers answers rounds instead
+of beginning them: ``serve_round`` names the oldest buffered round it has not begun (a
+neighbour began it), and the owning algorithm begins that round from its timer. A finished
+peer that is AHEAD of a neighbour still training (it trained alone before the others joined,
+say) would drop that neighbour's vectors as late and leave it to time out every round; so a
+late vector makes it begin a round ``LEAD`` past the late one instead, which the neighbour
+takes as "behind" and jumps to. Finished peers never begin rounds otherwise, so once every
+peer finished the rounds stop.
+
 Invariants: ``round`` never decreases; nothing is mixed twice; at most one round in flight.
 """
 
@@ -77,6 +86,8 @@ class NeighbourRounds:
         self._degree = 0
         self._own: tuple[np.ndarray, ...] = ()
         self._inbox: dict[int, dict[str, Entry]] = {}
+        self.serving = False  # we no longer step, only answer rounds (``serve_round``)
+        self._nudge = -1  # serving: a round to begin that pulls late neighbours forward
         self.stats = stats
         self._k = {name: prefix + name for name in
                    ("exchanges_started", "exchanges_completed", "rounds_partial", "late", "jumps",
@@ -102,15 +113,32 @@ class NeighbourRounds:
             return self.round
         return max(self._inbox, default=self.round)
 
-    def begin(self, now: float, neighbours: Sequence[str], payload: tuple[np.ndarray, ...]) -> int:
-        """Start the next round with our ``payload``; returns its number (tag the sends with it)."""
+    def serve_round(self) -> Optional[int]:
+        """For a peer that no longer steps but still takes part (``serving``: it finished
+        training): the oldest round a neighbour began that we have not; else, when a late
+        vector showed a neighbour behind us, a round ``LEAD`` ahead of it; else None."""
+        if self.waiting or not self.serving:
+            return None
+        begun = min((r for r in self._inbox if r >= self.round), default=None)
+        if begun is not None:
+            return begun
+        return self._nudge if self._nudge >= self.round else None
+
+    def begin(self, now: float, neighbours: Sequence[str], payload: tuple[np.ndarray, ...],
+              round: Optional[int] = None) -> int:
+        """Start the next round with our ``payload``; returns its number (tag the sends with it).
+        ``round`` (>= ours) begins that round instead: a finished peer answering ``serve_round``."""
         if self.waiting:
             raise AssertionError("begin() while a round is in flight")
-        r = self.next_round()
+        r = self.next_round() if round is None else round
+        if r < self.round:
+            raise AssertionError(f"begin({r}) after round {self.round}")
         if r > self.round:
             self._count("jumps")
             self._inbox = {k: v for k, v in self._inbox.items() if k >= r}
         self.round = r
+        if r >= self._nudge:
+            self._nudge = -1
         self.waiting, self._behind = True, False
         self.deadline = now + self.timeout_s
         self._expected = self._degree = len(neighbours)
@@ -124,6 +152,11 @@ class NeighbourRounds:
             raise RemoteProtocolError("bad_value", f"round {round}, degree {degree}")
         if round < self.round:
             self._count("late")
+            if self.serving and not self.waiting:
+                # A neighbour still training is behind us and we will never begin its round:
+                # begin one far enough ahead that it jumps to it (``LEAD``) instead of waiting
+                # a round timeout per round for us.
+                self._nudge = max(self._nudge, self.round, round + LEAD)
             return False
         box = self._inbox.get(round)
         if box is None:

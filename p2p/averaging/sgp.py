@@ -17,12 +17,30 @@ x and w by the same factor, so z does not move; a receipt moves z to the weighte
     z_i <- (w_i z_i + w' z_j) / (w_i + w'),  i.e.  add_delta(w' / (w_i + w') (z_j - z_i)).
 
 The trainer's optimizer step updates z directly (z -= lr g), which is x -= lr w g: the paper's
-update scaled by w_i, and w_i stays near 1 on the one-peer exponential graph (every peer keeps a
-half and receives one half per step), so this is a rescaled learning rate, not a bias.
+update scaled by w_i. That is a rescaled learning rate, not a bias, only while w_i stays near 1,
+i.e. while little weight is in flight and every peer gets back about as much as it pushes. Two
+rules keep it so on a real network (the simulator, with a push per step and messages that
+arrive within a step, needs neither):
+
+- Pacing. A peer pushes at most once per ``sgp_push_interval_s`` (steps in between keep
+  training and are carried by the next push). Pushing on every step when steps are faster than
+  the network (a small model: hundreds of steps/s, one model-sized message each) queues shares
+  for many steps: most of the mass is then in flight, so w_i shrinks to 2 / (2 + d) for d steps
+  of backlog, the gradient steps count w_i times less, and every receipt drags z back towards
+  a model d steps old. Measured with the real trainer (synthetic task): 0.78 held-out accuracy
+  with prompt delivery, 0.49 with 3.5 steps of delay, 0.29 with 10; the 3-peer daemon ended
+  near chance.
+- Finished peers. A peer that finished training (``training_done``) takes no more steps, so it
+  would keep absorbing the weight its partners push and never give any back: their w then
+  halves on every step (to 2^-k), their training stops counting, and the swarm never reaches
+  consensus. A finished peer instead answers every share pushed after a new step (the
+  sender's step count grew) with a share back to the sender, and pushes on its own timer
+  (``interval_s``) to its topology neighbour, so finished peers keep mixing with each other.
+  Shares from finished peers repeat their step count and get no answer: no ping-pong.
 
 Hooks: never waits. ``may_step`` / ``gradient_ready`` True, ``after_step(k)`` pushes the share
 for round r to the one neighbour of the natural topology (from a longer list: one uniformly at
-random), ``receive`` mixes.
+random; paced as above), ``receive`` mixes.
 
 Invariants. Mass: sum_i w_i + (weight in flight) is exactly conserved with no loss (halving is
 exact in binary floating point; the simulator checks it to 1e-9), as is sum_i w_i z_i. Each w_i
@@ -49,6 +67,7 @@ from p2p.protocol import RemoteProtocolError, Send
 from p2p.wire import message
 
 MAX_WEIGHT = 2.0 ** 20  # a share above this is a lie (weights start at 1 and are only split)
+MAX_SENDERS = 4096  # step counts remembered per sender (finished peers' replies)
 
 
 @message(22)
@@ -74,8 +93,12 @@ class PushSum(AsynchronousHooks):
         self.rng = rng
         self.weight = 1.0  # push-sum weight w_i
         self._round = 0
+        self._done = False  # the trainer finished: serve pushes from tick and receive
+        self._last_push = -math.inf
+        self._last_step = 0  # our last step count (the trainer's, as after_step reported it)
+        self._seen: dict[str, int] = {}  # highest step count heard per sender (done mode)
         self.stats = {"exchanges_started": 0, "exchanges_completed": 0, "shares_sent": 0,
-                      "shares_received": 0, "alone": 0}
+                      "shares_received": 0, "alone": 0, "replies": 0, "pushes_skipped": 0}
 
     def topology_round(self) -> int:
         return self._round
@@ -84,12 +107,29 @@ class PushSum(AsynchronousHooks):
         return False
 
     def next_deadline(self) -> float:
-        return math.inf
+        return self._last_push + self.config.interval_s if self._done else math.inf
+
+    def training_done(self, step: int, now: float) -> None:
+        """The trainer took its last step: from now on push on the timer and answer the
+        trainers' shares (module docstring, "Finished peers")."""
+        self._done = True
+        self._last_step = max(self._last_step, step)
 
     def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
-        return []
+        if not self._done or now < self._last_push + self.config.interval_s:
+            return []
+        self._last_push = now  # also when alone: next try one interval on, never a busy loop
+        return self._push(neighbours, self._last_step)
 
     def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
+        self._last_step = max(self._last_step, step)
+        if now < self._last_push + self.config.sgp_push_interval_s:
+            self.stats["pushes_skipped"] += 1
+            return []
+        self._last_push = now
+        return self._push(neighbours, step)
+
+    def _push(self, neighbours: Sequence[str], step: int) -> list[Send]:
         r = self._round
         self._round += 1
         if not neighbours:
@@ -98,11 +138,14 @@ class PushSum(AsynchronousHooks):
         # One out-peer: the natural topology lists exactly one; from a longer list pick uniformly
         # (Kempe et al.'s push-sum), which keeps in-degrees, hence weights, balanced on average.
         target = neighbours[0] if len(neighbours) == 1 else neighbours[self.rng.randrange(len(neighbours))]
+        return [self._share(target, r, step)]
+
+    def _share(self, target: str, r: int, step: int) -> Send:
         share = self.weight * 0.5
         self.weight = share
         self.stats["shares_sent"] += 1
         self.stats["exchanges_started"] += 1
-        return [Send(target, PushSumShare(r, self.port.step, share, self.port.model_key, self.port.snapshot()))]
+        return Send(target, PushSumShare(r, step, share, self.port.model_key, self.port.snapshot()))
 
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
         if not isinstance(msg, PushSumShare):
@@ -112,9 +155,21 @@ class PushSum(AsynchronousHooks):
         check_params(msg.params, msg.model_key, self.port)
         z = self.port.snapshot()
         total = self.weight + msg.weight
-        self.port.add_delta((msg.params - z) * np.float32(msg.weight / total))
+        delta = (msg.params - z) * np.float32(msg.weight / total)
+        self.port.add_delta(delta)
         self.weight = total
         self._round = max(self._round, msg.round)
         self.stats["shares_received"] += 1
         self.stats["exchanges_completed"] += 1
-        return []
+        fresh = msg.step > self._seen.get(src, -1)
+        if fresh:
+            if len(self._seen) >= MAX_SENDERS and src not in self._seen:
+                self._seen.clear()  # bounded memory; forgetting costs at most one extra reply each
+            self._seen[src] = msg.step
+        if not (self._done and fresh):
+            return []
+        # A finished peer answers every share a trainer pushed after a new step (its step count
+        # grew) with a share of its own, so the trainer gets back as much weight as it gives.
+        # Shares from finished peers repeat their step count and get no answer: no ping-pong.
+        self.stats["replies"] += 1
+        return [self._share(src, self._round, self._last_step)]
