@@ -62,6 +62,9 @@ def _averaging_config(algorithm: str, topology: Optional[str], **fields):
 
     try:
         config = AveragingConfig(**fields)
+    except ValueError as exc:  # messages name the field; the flag is the same with dashes
+        raise CliError(f"averaging settings: {exc} (flags: p2p start --help)") from None
+    try:
         check_combination(algorithm, topology or natural_topology(algorithm), config.compression)
         probe = _ProbePort()
         make_averager(algorithm, config, probe, __import__("random").Random(0), 0.0)
@@ -123,6 +126,7 @@ def start(
     round_timeout: float = typer.Option(5.0, help="Synchronous algorithms stop waiting for a missing neighbour after this."),
     diloco_inner_steps: int = typer.Option(50, help="DiLoCo: local steps between outer synchronisations."),
     staleness_aware: bool = typer.Option(False, help="Down-weight partners whose models are many steps behind."),
+    sgp_push_interval: float = typer.Option(0.02, help="SGP: push a share at most this often (seconds)."),
     compression: str = typer.Option("none", help="Tensor compression: " + ", ".join(COMPRESSION_NAMES) + " (auto: adapt to the link)."),
     compression_block: Optional[int] = typer.Option(None, help="Block size for int8/sign compression."),
     topk_fraction: Optional[float] = typer.Option(None, help="Fraction of entries topk keeps (default 0.01)."),
@@ -198,7 +202,8 @@ def start(
         averaging=_averaging_config(
             algorithm, topology, interval_s=avg_interval, exchange_timeout_s=exchange_timeout,
             round_timeout_s=round_timeout, diloco_inner_steps=diloco_inner_steps,
-            staleness_aware=staleness_aware, compression=compression, compression_block=compression_block,
+            staleness_aware=staleness_aware, sgp_push_interval_s=sgp_push_interval,
+            compression=compression, compression_block=compression_block,
             compression_topk_fraction=topk_fraction, choco_gamma=choco_gamma,
             bandwidth_aware=bandwidth_aware, comm_fraction=comm_fraction,
             max_interval_s=max(30.0, avg_interval)),
@@ -288,7 +293,10 @@ def demo(
 def _register_subcommands() -> None:
     from p2p.sim.cli import simulate
 
-    app.command("simulate", help="Run the membership protocol in the deterministic simulator.")(simulate)
+    app.command("simulate", help="Run membership (or, with --algorithm, averaging) in the deterministic simulator.")(simulate)
+    from p2p.lab_cli import lab_app
+
+    app.add_typer(lab_app, name="lab", help="A shaped-network lab: one network namespace per peer (needs root).")
 
 
 _register_subcommands()
