@@ -119,6 +119,9 @@ def probe() -> Optional[str]:
         made = _run(["ip", "netns", "add", name], check=False)
         if made.returncode != 0:
             return f"'ip netns add' does not work here: {made.stderr.strip()}"
+        ran = _run(["ip", "netns", "exec", name, "true"], check=False)
+        if ran.returncode != 0:
+            return f"'ip netns exec' does not work here: {ran.stderr.strip()}"
         veth = _run(["ip", "link", "add", name[:15], "type", "veth", "peer", "name", (name + "p")[-15:],
                      "netns", name], check=False)
         if veth.returncode != 0:

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import typer
@@ -24,8 +23,14 @@ from tests.conftest import wait_until
 PREFIX = f"p2pt{os.getpid() % 100000}"
 SUBNET = f"10.78.{os.getpid() % 250}.0/24"
 
-_REASON = probe()
-needs_netns = pytest.mark.skipif(_REASON is not None, reason=f"network lab unavailable: {_REASON}")
+
+
+@pytest.fixture(scope="session")
+def netns_ok():
+    """Skips the test, saying why, unless this machine can build a lab (root, ip, netns, veth)."""
+    reason = probe()
+    if reason is not None:
+        pytest.skip(f"network lab unavailable: {reason}")
 
 # A TCP sink: accepts connections until killed; for each, counts bytes until EOF and prints
 # "<bytes> <seconds from first byte to EOF>".
@@ -53,7 +58,7 @@ c.close()
 
 
 @pytest.fixture
-def labs():
+def labs(netns_ok):
     """Makes labs (``labs(peers, rate)``) and processes in them; downs every lab at the end."""
     made: list[Lab] = []
     procs: list[subprocess.Popen] = []
@@ -156,7 +161,6 @@ def test_cli_refuses_a_bad_rate_in_one_line():
 # -- real namespaces --------------------------------------------------------------------
 
 @pytest.mark.netns
-@needs_netns
 def test_peers_get_their_addresses_and_reach_each_other_through_the_bridge(labs):
     lab = labs(3)
     for i in range(3):
@@ -172,7 +176,6 @@ def test_peers_get_their_addresses_and_reach_each_other_through_the_bridge(labs)
 
 
 @pytest.mark.netns
-@needs_netns
 def test_the_rate_limit_is_enforced_in_both_directions(labs):
     lab = labs(2)  # unshaped first, for comparison
     sink = start_sink(labs, lab, 1, lab.addr(1))
@@ -198,7 +201,6 @@ def test_the_rate_limit_is_enforced_in_both_directions(labs):
 
 
 @pytest.mark.netns
-@needs_netns
 def test_cut_makes_a_peer_unreachable_and_restore_brings_it_back(labs):
     lab = labs(3)
     start_sink(labs, lab, 1, lab.addr(1))
@@ -216,7 +218,6 @@ def test_cut_makes_a_peer_unreachable_and_restore_brings_it_back(labs):
 
 
 @pytest.mark.netns
-@needs_netns
 def test_down_removes_everything_even_from_another_process_and_stops_what_ran_inside(labs):
     lab = labs(2, "50mbit")
     sink = start_sink(labs, lab, 0, lab.addr(0))
@@ -233,8 +234,7 @@ def test_down_removes_everything_even_from_another_process_and_stops_what_ran_in
 
 
 @pytest.mark.netns
-@needs_netns
-def test_cli_up_status_cut_restore_down(labs):
+def test_cli_up_status_cut_restore_down(labs):  # `labs`: skip unless possible; cleanup
     app = typer.Typer()
     app.add_typer(lab_app, name="lab")  # as p2p/cli.py registers it
     run = lambda *args: CliRunner().invoke(app, ["lab", *args, "--prefix", PREFIX])  # noqa: E731
@@ -260,7 +260,6 @@ def test_cli_up_status_cut_restore_down(labs):
 
 @pytest.mark.netns
 @pytest.mark.integration
-@needs_netns
 def test_a_three_peer_swarm_trains_and_averages_across_the_lab(labs, tmp_path):
     lab = labs(3, "50mbit")
     args = ["--task", "synthetic", "--steps", "300", "--linger", "-1", "--log-every", "0",

@@ -1,0 +1,116 @@
+"""Shared pieces of the benchmark workers and the slow-links orchestrator.
+
+Workers (``ddp_worker.py``, ``compute_only.py``) train a task exactly as a p2p node does (same
+model init from the run seed, same optimizer, learning rate and per-peer batch size, the data
+shard ``i/N``) and write one JSON object per line on stdout: ``{"t": unix time, "step": ...,
+"accuracy": ..., "loss": ..., "tx_bytes": ...}`` after each held-out evaluation, and a last line
+with ``"event": "done"``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as `python bench/x.py` from anywhere: find p2p and nodes/
+    sys.path.insert(0, str(ROOT))
+
+
+def worker_seed(run_seed: int, name: str) -> int:
+    """Per-worker data-order seed (stable across processes), as p2p.node.peer_seed."""
+    return zlib.crc32(f"{run_seed}:{name}".encode())
+
+
+def iface_tx_bytes(dev: str = "eth0") -> Optional[int]:
+    """Bytes sent by ``dev`` in this process's network namespace (None if it has no such dev)."""
+    try:
+        return int(Path("/sys/class/net", dev, "statistics", "tx_bytes").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def train(task: Any, model: torch.nn.Module, forward_model: torch.nn.Module, optimizer: Any,
+          batches: Iterable[tuple], steps: int, eval_every_s: float, evaluate: bool,
+          iface: str = "eth0", after_step: Optional[Callable[[int], None]] = None) -> None:
+    """The worker loop: ``steps`` optimizer steps; every ``eval_every_s`` (and at the end) a
+    held-out evaluation of ``model`` if ``evaluate``, else a progress line without accuracy."""
+    model.train()
+    it = iter(batches)
+    start = last_eval = time.monotonic()
+    ema = math.nan
+
+    def report(step: int, final: bool = False) -> None:
+        record: dict[str, Any] = {"t": time.time(), "step": step, "loss": ema,
+                                  "tx_bytes": iface_tx_bytes(iface), "elapsed_s": time.monotonic() - start}
+        if evaluate:
+            model.eval()
+            metrics = task.evaluate(model, "cpu")
+            model.train()
+            record.update(accuracy=float(metrics["accuracy"]), eval_loss=float(metrics.get("loss", math.nan)))
+        if final:
+            record["event"] = "done"
+        emit(record)
+
+    for step in range(1, steps + 1):
+        x = next(it)
+        optimizer.zero_grad(set_to_none=False)
+        loss = task.loss(forward_model, x)
+        loss.backward()
+        optimizer.step()
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise FloatingPointError(f"training loss became {value} at step {step}")
+        ema = value if math.isnan(ema) else 0.95 * ema + 0.05 * value
+        if after_step is not None:
+            after_step(step)
+        if time.monotonic() - last_eval >= eval_every_s and step < steps:
+            report(step)
+            last_eval = time.monotonic()
+    report(steps, final=True)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    if not path.exists():
+        return out
+    for line in path.read_text(errors="replace").splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return out
+
+
+def mean_accuracy_curve(series: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float]]:
+    """Per-peer (t, accuracy) samples -> (t, mean over peers of each peer's latest accuracy),
+    defined from the first time every peer has been evaluated at least once."""
+    events = sorted((t, i, acc) for i, s in enumerate(series) for t, acc in s if not math.isnan(acc))
+    latest: dict[int, float] = {}
+    curve = []
+    for t, i, acc in events:
+        latest[i] = acc
+        if len(latest) == len(series):
+            curve.append((t, sum(latest.values()) / len(latest)))
+    return curve
+
+
+def time_to_target(curve: Sequence[tuple[float, float]], target: float) -> Optional[float]:
+    """First time on ``curve`` at which the value is >= ``target`` (None if never)."""
+    for t, value in curve:
+        if value >= target:
+            return t
+    return None

@@ -1,0 +1,71 @@
+"""One rank of the PyTorch DistributedDataParallel (gloo) baseline for bench/slow_links.py.
+
+Trains a task exactly as a p2p node would (same seed -> same initial model, the task's
+optimizer, learning rate and per-peer batch size, data shard rank/world), but synchronously:
+every step all-reduces the gradients over gloo. Rank 0 evaluates on the held-out set every
+``--eval-every`` seconds (all ranks hold the same model); every rank prints JSON lines (see
+bench/_common.py). Run one per lab namespace:
+
+    ip netns exec p2plab-1 python bench/ddp_worker.py --rank 1 --world 4 \
+        --master 10.77.0.2:29500 --task tinylm --steps 1500
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import timedelta
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common  # noqa: E402  (puts the repository on sys.path)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--world", type=int, required=True)
+    ap.add_argument("--master", required=True, help="HOST:PORT of rank 0 (its lab address)")
+    ap.add_argument("--task", default="tinylm")
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=float, default=2.0, help="seconds between evaluations (rank 0)")
+    ap.add_argument("--iface", default="eth0", help="interface gloo uses and whose bytes are counted")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    if not 0 <= args.rank < args.world:
+        ap.error("need 0 <= rank < world")
+    if args.iface:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", args.iface)
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from p2p.task import Shard, load_task
+
+    torch.set_num_threads(args.threads)
+    task = load_task(args.task)
+    torch.manual_seed(args.seed)  # the same initial model on every rank (DDP broadcasts rank 0's too)
+    model = task.make_model()
+    batches = task.train_batches(Shard(args.rank, args.world), _common.worker_seed(args.seed, f"ddp{args.rank}"))
+    next_batch = next(batches)  # load the data before the rendezvous, as a p2p node does before joining
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank,
+                            world_size=args.world, timeout=timedelta(seconds=900))
+    ddp = DistributedDataParallel(model)
+    optimizer = task.make_optimizer(ddp.parameters())
+
+    def stream():
+        yield next_batch
+        yield from batches
+
+    _common.emit({"t": __import__("time").time(), "step": 0, "event": "start", "rank": args.rank,
+                  "tx_bytes": _common.iface_tx_bytes(args.iface)})
+    _common.train(task, model, ddp, optimizer, stream(), args.steps, args.eval_every,
+                  evaluate=args.rank == 0, iface=args.iface)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The slow-links benchmark's pieces: its measurement definitions, and the DDP baseline worker
+really running across lab namespaces (``netns``: needs root; skips elsewhere, saying why)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from p2p.lab import Lab, probe
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+import _common  # noqa: E402
+import slow_links  # noqa: E402
+
+PREFIX = f"p2pb{os.getpid() % 100000}"
+SUBNET = f"10.75.{os.getpid() % 250}.0/24"
+
+
+def test_mean_accuracy_curve_starts_once_every_peer_is_evaluated_and_tracks_latest_values():
+    series = [[(1.0, 0.2), (3.0, 0.6)], [(2.0, 0.4), (4.0, math.nan), (5.0, 0.8)]]
+    assert _common.mean_accuracy_curve(series) == [(2.0, pytest.approx(0.3)), (3.0, pytest.approx(0.5)),
+                                                   (5.0, pytest.approx(0.7))]
+    assert _common.mean_accuracy_curve([[(1.0, 0.9)], []]) == []  # one peer never evaluated
+
+
+@pytest.mark.parametrize("curve, target, expected", [
+    ([(1.0, 0.3), (2.0, 0.5), (3.0, 0.45)], 0.5, 2.0),
+    ([(1.0, 0.3), (2.0, 0.49)], 0.5, None),
+    ([], 0.5, None),
+])
+def test_time_to_target_is_the_first_crossing(curve, target, expected):
+    assert _common.time_to_target(curve, target) == expected
+
+
+def test_methods_expand_to_every_p2p_configuration_then_the_baselines():
+    plan = slow_links.plan_methods(["p2p", "ddp", "compute_only"])
+    assert [name for name, _ in plan] == [*slow_links.P2P_CONFIGS, "ddp", "compute_only"]
+    assert all(extra is None for name, extra in plan if name in ("ddp", "compute_only"))
+    assert [name for name, _ in slow_links.plan_methods(["ddp", "p2p", "ddp"])][0] == "ddp"
+    with pytest.raises(ValueError, match="unknown method"):
+        slow_links.plan_methods(["allreduce"])
+
+
+def test_progress_lines_of_a_node_are_parsed_as_they_grow(tmp_path):
+    log = tmp_path / "peer0.log"
+    tail = slow_links.LogTail(log)
+    assert tail.lines() == []  # not created yet
+    log.write_text("node 10.0.0.2:7000 listening on ...\n"
+                   "training  step    120  loss 2.1000  acc 0.3125    3.1 step/s  neighbours 3  exchanges 4/4"
+                   "  sent 1.0 MB  recv 1.0 MB  rejected 0\ntraining  step    1")
+    lines = tail.lines()
+    assert len(lines) == 2
+    match = slow_links._PROGRESS.match(lines[1])
+    assert match.groups() == ("training", "120", "0.3125")
+    with open(log, "a") as fh:
+        fh.write("30  loss 2.0  acc nan  x\ndone      step    130  loss 1.9  acc 0.3500  ...\n")
+    first, last = tail.lines()
+    assert slow_links._PROGRESS.match(first).group(2) == "130"
+    assert slow_links._PROGRESS.match(last).groups() == ("done", "130", "0.3500")
+
+
+@pytest.mark.parametrize("args, words", [(["--rates", "fast"], "rate 'fast'"),
+                                         (["--methods", "allreduce"], "unknown method"),
+                                         (["--task", "nope"], "unknown task")])
+def test_the_benchmark_refuses_bad_arguments_in_one_line(args, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        slow_links.main(args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+@pytest.mark.netns
+def test_ddp_worker_trains_with_gloo_across_two_shaped_namespaces():
+    reason = probe()
+    if reason is not None:
+        pytest.skip(f"network lab unavailable: {reason}")
+    lab = Lab(2, "50mbit", prefix=PREFIX, subnet=SUBNET)
+    procs = []
+    try:
+        lab.up()
+        for rank in range(2):
+            procs.append(lab.popen(rank, [sys.executable, str(BENCH / "ddp_worker.py"), "--rank", str(rank),
+                                          "--world", "2", "--master", f"{lab.addr(0)}:29500", "--task", "synthetic",
+                                          "--steps", "150", "--eval-every", "0.2"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=120) for p in procs]
+        for p, (out, err) in zip(procs, outs):
+            assert p.returncode == 0, err[-2000:]
+        records = [[json.loads(line) for line in out.splitlines() if line.startswith("{")] for out, _ in outs]
+        done = [r[-1] for r in records]
+        assert all(d["event"] == "done" and d["step"] == 150 for d in done)
+        assert done[0]["accuracy"] > 0.5  # rank 0 evaluates the shared model
+        assert "accuracy" not in done[1]
+        # 150 all-reduces of ~13k float32 gradients went over each peer's shaped link
+        for rank in range(2):
+            assert lab.tx_bytes(rank) > 150 * 13_000 * 4 * 0.5
+            assert done[rank]["tx_bytes"] - records[rank][0]["tx_bytes"] > 150 * 13_000 * 4 * 0.5
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        lab.down()
