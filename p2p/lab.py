@@ -430,17 +430,3 @@ class LabSwarm(LocalSwarm):
             seed = [] if i == 0 else [self.addrs[0] if self.join == "first" else self.addrs[i - 1]]
             self.start_peer(i, seed)
 
-    def wait(self, timeout_s: Optional[float] = None) -> list[Optional[int]]:
-        """Wait for every peer to exit on its own; returns exit codes (None: still running)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        codes: list[Optional[int]] = []
-        for proc in self.procs:
-            if proc is None:
-                codes.append(None)
-                continue
-            try:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                codes.append(proc.wait(left))
-            except subprocess.TimeoutExpired:
-                codes.append(None)
-        return codes

@@ -102,6 +102,21 @@ class LocalSwarm:
         if proc is not None and proc.poll() is None:
             proc.send_signal(sig)
 
+    def wait(self, timeout_s: Optional[float] = None) -> list[Optional[int]]:
+        """Wait for every peer to exit on its own; returns exit codes (None: still running)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        codes: list[Optional[int]] = []
+        for proc in self.procs:
+            if proc is None:
+                codes.append(None)
+                continue
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                codes.append(proc.wait(left))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        return codes
+
     def stop(self, timeout_s: float = 15.0) -> list[Optional[int]]:
         """SIGTERM every peer, wait, SIGKILL stragglers. Returns exit codes."""
         for i in range(len(self.procs)):

@@ -3,6 +3,8 @@
 import random
 
 import numpy as np
+
+from p2p.sim.avg_port import ArrayPort as SimArrayPort
 import pytest
 
 from p2p.averaging.adpsgd import AvgReply, AvgRequest, PairwiseGossip
@@ -10,20 +12,9 @@ from p2p.averaging.base import AveragingConfig
 from p2p.protocol import RemoteProtocolError
 
 
-class ArrayPort:
-    """A ModelPort over a numpy vector; deltas apply immediately (as at a step boundary)."""
-
-    def __init__(self, values, key="m/4"):
-        self.x = np.asarray(values, dtype=np.float32).copy()
-        self.numel = self.x.size
-        self.model_key = key
-        self.step = 0
-
-    def snapshot(self):
-        return self.x.copy()
-
-    def add_delta(self, delta):
-        self.x += delta
+def ArrayPort(values, key="m/4"):
+    """A ModelPort over a numpy vector whose deltas apply at once (as at a step boundary)."""
+    return SimArrayPort(values, key, immediate=True)
 
 
 CFG = AveragingConfig(interval_s=0.1, exchange_timeout_s=1.0)

@@ -5,6 +5,8 @@ import random
 from dataclasses import dataclass
 
 import numpy as np
+
+from p2p.sim.avg_port import ArrayPort as SimArrayPort
 import pytest
 
 from p2p.averaging.base import AveragingConfig
@@ -23,20 +25,9 @@ class Cfg(AveragingConfig):
     choco_gamma: float = 1.0
 
 
-class ArrayPort:
-    """A ModelPort over a numpy vector; deltas apply immediately (as at a step boundary)."""
-
-    def __init__(self, values, key="m"):
-        self.x = np.asarray(values, dtype=np.float32).copy()
-        self.numel = self.x.size
-        self.model_key = key
-        self.step = 0
-
-    def snapshot(self):
-        return self.x.copy()
-
-    def add_delta(self, delta):
-        self.x += delta
+def ArrayPort(values, key="m"):
+    """A ModelPort over a numpy vector whose deltas apply at once (as at a step boundary)."""
+    return SimArrayPort(values, key, immediate=True)
 
 
 def ring(n):
