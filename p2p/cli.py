@@ -281,7 +281,8 @@ def demo(
 
     config = DemoConfig(peers=peers, steps=steps, duration_s=duration, task=task, seed=seed,
                         algorithm=algorithm, topology=topology or natural_topology(algorithm),
-                        compression=compression, base_port=base_port, live=live, log_dir=keep_logs)
+                        compression=compression, base_port=base_port, live=live, log_dir=keep_logs,
+                        cache_dir=_cache_dir())
     try:
         summary = run_demo(config)
     except DemoError as exc:
@@ -300,6 +301,14 @@ def _register_subcommands() -> None:
 
 
 _register_subcommands()
+
+
+def _cache_dir() -> str:
+    """Where the demo caches reference accuracies: $XDG_CACHE_HOME/p2p or ~/.cache/p2p."""
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "p2p")
 
 
 def main(argv: Optional[list[str]] = None) -> None:

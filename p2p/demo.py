@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import math
-import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ class DemoConfig:
     base_port: int = 0  # 0: free ports picked by the OS
     live: bool = True  # draw the live view on stderr
     log_dir: Optional[str] = None  # keep peer logs here (default: a temporary directory)
-    cache_dir: Optional[str] = None  # reference-accuracy cache
+    cache_dir: Optional[str] = None  # reference-accuracy cache (None: no cache)
     start_timeout_s: float = 60.0  # every peer must answer status by then
     settle_s: float = 5.0  # at most this long mixing after training, before the final read
 
@@ -98,7 +97,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         raise DemoError(f"peer {bad[0][0]} exited with code {bad[0][1]} during shutdown")
     total_steps = sum(s["step"] for s in statuses)
     reference = reference_accuracy(config.task, task, config.seed, total_steps * task.batch_size,
-                                   Path(config.cache_dir) if config.cache_dir else _default_cache())
+                                   Path(config.cache_dir) if config.cache_dir else None)
     peers_out = []
     for i, (s, params) in enumerate(zip(statuses, finals)):
         metrics = _evaluate(task, params, config.seed)
@@ -110,11 +109,6 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
                "topology": config.topology, "task": config.task}
     view.summary(summary)
     return summary
-
-
-def _default_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "p2p"
 
 
 def _fail_if_dead(swarm: LocalSwarm, started: bool) -> None:
