@@ -262,8 +262,8 @@ def test_cli_up_status_cut_restore_down(labs):  # `labs`: skip unless possible; 
 @pytest.mark.integration
 def test_a_three_peer_swarm_trains_and_averages_across_the_lab(labs, tmp_path):
     lab = labs(3, "50mbit")
-    args = ["--task", "synthetic", "--steps", "300", "--linger", "-1", "--log-every", "0",
-            "--eval-every", "0.5", "--join-timeout", "60", "--exchange-timeout", "2"]
+    args = ["--task", "synthetic", "--membership", "local", "--steps", "300", "--linger", "-1",
+            "--log-every", "0", "--eval-every", "0.5", "--join-timeout", "60", "--exchange-timeout", "2"]
     with LabSwarm(lab, tmp_path, args, per_peer_args=[["--shard", f"{i}/3"] for i in range(3)]) as swarm:
         swarm.start()
         assert swarm.addrs == [f"{lab.addr(i)}:7000" for i in range(3)]
@@ -273,7 +273,10 @@ def test_a_three_peer_swarm_trains_and_averages_across_the_lab(labs, tmp_path):
             if not all(out):
                 assert all(swarm.alive(i) for i in range(3)), [swarm.log_tail(i) for i in range(3)]
                 return None
-            return out if all(s["phase"] == "lingering" and s["accuracy"] > 0 for s in out) else None
+            # a peer can finish its 300 fast steps before the others have even started, so
+            # exchanges are also counted while it lingers (it keeps averaging then)
+            return out if all(s["phase"] == "lingering" and s["accuracy"] > 0
+                              and s["averaging"]["exchanges_completed"] > 5 for s in out) else None
 
         final = wait_until(finished, 90, interval_s=0.5, what="all peers to finish 300 steps in the lab")
         for i, s in enumerate(final):
