@@ -76,7 +76,7 @@ def _print_lab(lab: Lab, as_json: bool = False) -> None:
 @lab_app.command()
 def up(
     peers: int = typer.Option(4, help="Number of peers (namespaces)."),
-    rate: str = typer.Option("unlimited", help="Per-peer link rate in each direction: 100mbit, 20mbit, ..., unlimited."),
+    rate: str = typer.Option("unlimited", help="Per-peer rate, each direction: 100mbit, 20mbit, ..., unlimited."),
     prefix: str = PREFIX,
     subnet: str = typer.Option(DEFAULT_SUBNET, help="IPv4 subnet of the bridge (bridge .1, peer i .i+2)."),
 ) -> None:
