@@ -46,7 +46,8 @@ class TrainingLoop:
         self.hooks = hooks  # the averager's step hooks; None when training alone
         self.batches, self.device, self.state = batches, device, state
         self.eval_every_s = eval_every_s
-        # Test-only straggler knob: each step takes `slowdown` times as long (sleeps the rest).
+        # Test-only straggler knob: each step's compute takes `slowdown` times as long (it
+        # sleeps the rest); waiting at the averager's gates is not scaled.
         self.slowdown = slowdown
 
     def evaluate(self) -> None:
@@ -64,14 +65,20 @@ class TrainingLoop:
         if hooks is not None and hooks.gates_steps:
             hooks.before_step(k)
             self.state.deltas_applied += self.flat.apply_pending()  # e.g. the round just mixed
+        started = time.monotonic()
         batch = to_device(next(self.batches), self.device)
         self.flat.zero_grad()
         loss = self.task.loss(self.model, batch)
         loss.backward()
+        compute = time.monotonic() - started
         if hooks is not None:
             hooks.gradient(k)
+        started = time.monotonic()
         with self.flat.lock:
             self.optimizer.step()
+        compute += time.monotonic() - started
+        if self.slowdown > 1.0:  # the straggler knob scales compute only, never time spent waiting
+            time.sleep(compute * (self.slowdown - 1.0))
         if hooks is not None:
             hooks.after_step(k)
         return float(loss.detach())
@@ -87,10 +94,7 @@ class TrainingLoop:
                 break
             if duration_s is not None and time.monotonic() - start >= duration_s:
                 break
-            t0 = time.monotonic()
             value = self.step()
-            if self.slowdown > 1.0:
-                time.sleep((time.monotonic() - t0) * (self.slowdown - 1.0))
             if not math.isfinite(value):
                 raise FloatingPointError(f"training loss became {value} at step {state.step}")
             ema = value if ema is None else 0.95 * ema + 0.05 * value
