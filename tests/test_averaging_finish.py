@@ -1,7 +1,6 @@
 """Peers that finished training keep serving the ones still training (SGP, D-PSGD, DiLoCo), and
 SGP paces its pushes. Hand-driven averagers over ArrayPorts; no sockets, no sleeps."""
 
-import random
 
 import numpy as np
 import pytest
@@ -11,7 +10,8 @@ from p2p.averaging.diloco import DiLoCo
 from p2p.averaging.dpsgd import Dpsgd
 from p2p.averaging.rounds import LEAD
 from p2p.averaging.sgp import PushSum
-from p2p.sim.avg_port import ArrayPort
+from tests.test_averaging_algorithms import deliver
+from tests.test_averaging_algorithms import make as make_averager
 
 KEY = "m/4"
 CFG = AveragingConfig(interval_s=0.1, exchange_timeout_s=1.0, round_timeout_s=1.0,
@@ -19,15 +19,7 @@ CFG = AveragingConfig(interval_s=0.1, exchange_timeout_s=1.0, round_timeout_s=1.
 
 
 def make(cls, values, config=CFG, seed=0):
-    port = ArrayPort(values, KEY, immediate=True)
-    return port, cls(config, port, random.Random(seed), 0.0)
-
-
-def deliver(receiver, sends, src, now, neighbours=()):
-    out = []
-    for s in sends:
-        out += receiver.receive(src, s.msg, now, list(neighbours))
-    return out
+    return make_averager(cls, values, config, seed)
 
 
 # -- SGP -------------------------------------------------------------------------------------
