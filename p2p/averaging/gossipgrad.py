@@ -37,6 +37,8 @@ moved on and pays round timeouts until it is caught up (keep ``round_timeout_s``
 
 from __future__ import annotations
 
+import math
+
 import random
 from dataclasses import dataclass
 from typing import Sequence
@@ -105,13 +107,23 @@ class GossipGraD(AsynchronousHooks):
         self._with_model = False
 
     def topology_round(self) -> int:
-        return self._rounds.next_round()
+        served = self._rounds.serve_round()
+        return self._rounds.next_round() if served is None else served
 
     def busy(self) -> bool:
         return self._rounds.waiting
 
     def next_deadline(self) -> float:
+        if self._rounds.serve_round() is not None:
+            return -math.inf  # a partner began a round we have not: tick answers it now
         return self._rounds.deadline
+
+    def training_done(self, step: int, now: float) -> None:
+        """Training is over but we linger: answer partners' rounds (as D-PSGD's finished peers
+        do, rounds.py) with a zero gradient, so a peer still training never waits a round
+        timeout for us. It halves that peer's step for the round, as a partner with nothing
+        to learn from should."""
+        self._rounds.serving = True
 
     def _poll(self, now: float) -> None:
         if not self._rounds.ready(now):
@@ -162,4 +174,20 @@ class GossipGraD(AsynchronousHooks):
 
     def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         self._poll(now)
-        return []
+        served = self._rounds.serve_round()
+        if served is None:
+            return []
+        # ``neighbours`` were computed for topology_round() == served.
+        grad = np.zeros(self.port.numel, dtype=np.float32)
+        self._with_model = model_round(served, self.config.gossipgrad_model_every)
+        key, d = self.port.model_key, len(neighbours)
+        if self._with_model:
+            params = self.port.snapshot()
+            r = self._rounds.begin(now, neighbours, (grad, params), round=served)
+            msg: object = GradientModelShare(r, self.port.step, d, key, grad, params)
+        else:
+            r = self._rounds.begin(now, neighbours, (grad,), round=served)
+            msg = GradientShare(r, self.port.step, d, key, grad)
+        self.stats["rounds_served"] = self.stats.get("rounds_served", 0) + 1
+        self._poll(now)
+        return [Send(j, msg) for j in neighbours]
