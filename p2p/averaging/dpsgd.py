@@ -38,7 +38,6 @@ and dropped, never mixed.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 from typing import Sequence
@@ -46,7 +45,7 @@ from typing import Sequence
 import numpy as np
 
 from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
-from p2p.averaging.rounds import NeighbourRounds
+from p2p.averaging.rounds import NeighbourRounds, ServesRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
 
@@ -61,7 +60,7 @@ class DpsgdParams:
     params: np.ndarray
 
 
-class Dpsgd(AsynchronousHooks):
+class Dpsgd(ServesRounds, AsynchronousHooks):
     """Synchronous D-PSGD (module docstring)."""
 
     name = "dpsgd"
@@ -75,23 +74,6 @@ class Dpsgd(AsynchronousHooks):
         self.stats: dict[str, int] = {}
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats)
         self.stats.setdefault("rounds_served", 0)
-
-    def topology_round(self) -> int:
-        served = self._rounds.serve_round()
-        return self._rounds.next_round() if served is None else served
-
-    def busy(self) -> bool:
-        return self._rounds.waiting
-
-    def next_deadline(self) -> float:
-        if self._rounds.serve_round() is not None:
-            return -math.inf  # a neighbour began a round we have not: tick answers it now
-        return self._rounds.deadline
-
-    def training_done(self, step: int, now: float) -> None:
-        """The trainer took its last step and lingers: keep taking part in the neighbours'
-        rounds (module docstring, "Finished peers")."""
-        self._rounds.serving = True
 
     def _poll(self, now: float) -> None:
         if self._rounds.ready(now):

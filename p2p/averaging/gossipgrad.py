@@ -37,8 +37,6 @@ moved on and pays round timeouts until it is caught up (keep ``round_timeout_s``
 
 from __future__ import annotations
 
-import math
-
 import random
 from dataclasses import dataclass
 from typing import Sequence
@@ -46,7 +44,7 @@ from typing import Sequence
 import numpy as np
 
 from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
-from p2p.averaging.rounds import NeighbourRounds
+from p2p.averaging.rounds import NeighbourRounds, ServesRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
 
@@ -91,7 +89,7 @@ def model_round(r: int, every: int) -> bool:
     return every > 0 and _mix64(r) % every == 0
 
 
-class GossipGraD(AsynchronousHooks):
+class GossipGraD(ServesRounds, AsynchronousHooks):
     """Rotating-partner gradient gossip (module docstring)."""
 
     name = "gossipgrad"
@@ -105,25 +103,6 @@ class GossipGraD(AsynchronousHooks):
         self.stats: dict[str, int] = {"model_rounds": 0}
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats)
         self._with_model = False
-
-    def topology_round(self) -> int:
-        served = self._rounds.serve_round()
-        return self._rounds.next_round() if served is None else served
-
-    def busy(self) -> bool:
-        return self._rounds.waiting
-
-    def next_deadline(self) -> float:
-        if self._rounds.serve_round() is not None:
-            return -math.inf  # a partner began a round we have not: tick answers it now
-        return self._rounds.deadline
-
-    def training_done(self, step: int, now: float) -> None:
-        """Training is over but we linger: answer partners' rounds (as D-PSGD's finished peers
-        do, rounds.py) with a zero gradient, so a peer still training never waits a round
-        timeout for us. It halves that peer's step for the round, as a partner with nothing
-        to learn from should."""
-        self._rounds.serving = True
 
     def _poll(self, now: float) -> None:
         if not self._rounds.ready(now):
@@ -177,7 +156,9 @@ class GossipGraD(AsynchronousHooks):
         served = self._rounds.serve_round()
         if served is None:
             return []
-        # ``neighbours`` were computed for topology_round() == served.
+        # A finished peer (training_done) answers with a zero gradient, so a peer still
+        # training never waits a round timeout for it; that halves its step for the round, as
+        # a partner with nothing to learn from should. ``neighbours`` are for ``served``.
         grad = np.zeros(self.port.numel, dtype=np.float32)
         self._with_model = model_round(served, self.config.gossipgrad_model_every)
         key, d = self.port.model_key, len(neighbours)

@@ -42,6 +42,7 @@ Invariants: ``round`` never decreases; nothing is mixed twice; at most one round
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -214,3 +215,29 @@ class NeighbourRounds:
         self.round += 1
         self.waiting, self.deadline, self._own = False, INF, ()
         return result
+
+
+class ServesRounds:
+    """The scheduling side of an algorithm built on ``NeighbourRounds`` (``self._rounds``):
+    which round the topology is computed for, when to tick, and finished peers that keep
+    answering their neighbours' rounds (module docstring, "Finished peers"). The owning
+    algorithm's ``tick`` begins ``serve_round()`` with what it sends for a round."""
+
+    _rounds: NeighbourRounds
+
+    def topology_round(self) -> int:
+        served = self._rounds.serve_round()
+        return self._rounds.next_round() if served is None else served
+
+    def busy(self) -> bool:
+        return self._rounds.waiting
+
+    def next_deadline(self) -> float:
+        if self._rounds.serve_round() is not None:
+            return -math.inf  # a neighbour began a round we have not: tick answers it now
+        return self._rounds.deadline
+
+    def training_done(self, step: int, now: float) -> None:
+        """The trainer took its last step and lingers: keep taking part in the neighbours'
+        rounds."""
+        self._rounds.serving = True
