@@ -125,6 +125,7 @@ def start(
     exchange_timeout: float = typer.Option(2.0, help="Seconds before an unanswered exchange is dropped."),
     round_timeout: float = typer.Option(5.0, help="Synchronous algorithms stop waiting for a missing neighbour after this."),
     diloco_inner_steps: int = typer.Option(50, help="DiLoCo: local steps between outer synchronisations."),
+    diloco_params_every: Optional[int] = typer.Option(None, help="DiLoCo: share the outer parameters every this many outer steps (default: 1; 8 with --compression)."),
     staleness_aware: bool = typer.Option(False, help="Down-weight partners whose models are many steps behind."),
     sgp_push_interval: float = typer.Option(0.02, help="SGP: push a share at most this often (seconds)."),
     compression: str = typer.Option("none", help="Tensor compression: " + ", ".join(COMPRESSION_NAMES) + " (auto: adapt to the link)."),
@@ -169,6 +170,8 @@ def start(
     _positive("--round-timeout", round_timeout)
     if diloco_inner_steps < 1:
         raise CliError(f"--diloco-inner-steps must be >= 1, got {diloco_inner_steps}")
+    if diloco_params_every is not None and diloco_params_every < 1:
+        raise CliError(f"--diloco-params-every must be >= 1, got {diloco_params_every}")
     if not 0 < comm_fraction <= 1:
         raise CliError(f"--comm-fraction must be in (0, 1], got {comm_fraction:g}")
     _check_choice("--compression", compression, COMPRESSION_NAMES)
@@ -202,7 +205,7 @@ def start(
         averaging=_averaging_config(
             algorithm, topology, interval_s=avg_interval, exchange_timeout_s=exchange_timeout,
             round_timeout_s=round_timeout, diloco_inner_steps=diloco_inner_steps,
-            staleness_aware=staleness_aware, sgp_push_interval_s=sgp_push_interval,
+            diloco_params_every=diloco_params_every, staleness_aware=staleness_aware, sgp_push_interval_s=sgp_push_interval,
             compression=compression, compression_block=compression_block,
             compression_topk_fraction=topk_fraction, choco_gamma=choco_gamma,
             bandwidth_aware=bandwidth_aware, comm_fraction=comm_fraction,

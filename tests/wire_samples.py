@@ -36,3 +36,9 @@ from p2p.averaging.adpsgd import AvgReplyQ, AvgRequestQ  # noqa: E402
 
 SAMPLES += [AvgRequestQ(**_Q, exchange=3, step=10, model_key="synthetic/12"),
             AvgReplyQ(**_Q, exchange=3, step=11, model_key="synthetic/12")]
+
+from p2p.averaging.diloco import OuterShareQ  # noqa: E402
+
+SAMPLES += [OuterShareQ(**_Q, round=2, step=100, degree=3, model_key="synthetic/12", params=PARAMS),
+            OuterShareQ(**_Q, round=3, step=150, degree=3, model_key="synthetic/12",
+                        params=np.empty(0, dtype=np.float32))]

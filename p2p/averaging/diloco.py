@@ -36,6 +36,19 @@ and its theta_start copy keeps following theta_start: the swarm ends in agreemen
 dilutes the average pseudo-gradient by the share of finished peers (the outer step of a swarm
 where only some still train is that much shorter). Finished peers never begin a round.
 
+Compression (``compression`` = fp16, bf16 or int8; p2p/compression), after the compressed
+pseudo-gradients of Douillard et al., "Streaming DiLoCo", arXiv:2501.18512, 2025, Sec. 2.3:
+Delta travels as Q(Delta) in an ``OuterShareQ``, and each peer mixes its *own decoded*
+D(Q(Delta)) with the others' (as compressed AD-PSGD does), so on ``full`` every peer still
+computes the same averaged pseudo-gradient and the same outer step. No error feedback: each
+outer step's quantisation error is a fresh ~1/254 of a block's largest entry, not a bias.
+
+theta_start travels uncompressed, and only every ``diloco_params_every`` rounds (default: every
+round uncompressed, every 8th compressed): peers that share every round's averaged Delta keep
+identical copies anyway, so the periodic copy only repairs what a timed-out round or a joiner
+left apart. In the other rounds it is left out (an empty tensor), which the round mixes as
+"equal to mine". With int8 an outer step moves ~N/4 of a model per neighbour instead of 2N.
+
 Waits at every outer boundary for the neighbours (bounded by the timeout per round): a slow
 peer delays the others once per H steps, not every step. Rounds are aligned as in ``rounds.py``.
 """
@@ -51,8 +64,14 @@ import numpy as np
 
 from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
 from p2p.averaging.rounds import NeighbourRounds
+from p2p.compression import compressor_from_config, decompress
+from p2p.compression.messages import CompressedFields, compressed_fields
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
+
+CODECS = ("none", "fp16", "bf16", "int8")  # unbiased enough without error feedback (docstring)
+PARAMS_EVERY_COMPRESSED = 8  # default diloco_params_every when Delta is compressed
+_NO_PARAMS = np.empty(0, dtype=np.float32)
 
 
 @message(28)
@@ -62,8 +81,28 @@ class OuterShare:
     step: int  # the sender's local step count
     degree: int  # the sender's neighbour count this round
     model_key: str
-    params: np.ndarray  # the sender's estimate of theta_start (outer parameters)
+    params: np.ndarray  # the sender's estimate of theta_start (outer parameters), or empty
     delta: np.ndarray  # the sender's estimate of the averaged pseudo-gradient
+
+
+@message(66)
+@dataclass(frozen=True)
+class OuterShareQ(CompressedFields):
+    """OuterShare carrying Q(delta) (compression range of tags)."""
+
+    round: int
+    step: int
+    degree: int
+    model_key: str
+    params: np.ndarray  # theta_start, float32, or empty in rounds that leave it out
+
+
+def _received_params(params: np.ndarray, model_key: str, port: ModelPort):
+    """A peer's theta_start, or None when it left it out this round (empty)."""
+    if params.size == 0:
+        return None
+    check_params(params, model_key, port)
+    return params
 
 
 class DiLoCo(AsynchronousHooks):
@@ -71,18 +110,25 @@ class DiLoCo(AsynchronousHooks):
 
     name = "diloco"
     natural_topology = "full"
-    MESSAGES = (OuterShare,)
+    MESSAGES = (OuterShare, OuterShareQ)
+    CODECS = CODECS
     wants_gradient = False
 
     def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float) -> None:
+        if config.compression not in CODECS:
+            raise LocalProtocolError(f"diloco cannot compress with {config.compression!r} "
+                                     f"(it supports: {', '.join(CODECS)})")
         self.config = config
         self.port = port
+        self._compressor = None if config.compression == "none" else compressor_from_config(config)
+        self._params_every = config.diloco_params_every or (1 if self._compressor is None else PARAMS_EVERY_COMPRESSED)
         self.stats: dict[str, int] = {"outer_steps": 0}
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats)
         self._start = port.snapshot()  # theta_start: the model before the first inner step
         self._momentum = np.zeros_like(self._start)
         self._syncing = False  # between the boundary and the outer step
         self._payload: tuple[np.ndarray, ...] = ()
+        self._packed = None  # Q(Delta) of the round in flight, when compressing
         self._continue_at = math.inf  # when tick() begins the next gossip round
         self._done = False  # the trainer finished: answer the neighbours' outer rounds
         self._serving: int | None = None  # the round a finished peer begins at its next tick
@@ -118,16 +164,29 @@ class DiLoCo(AsynchronousHooks):
         if served is None:
             return
         # No inner steps since the last outer step: Delta is zero (the model is theta_start).
-        self._payload = (self._start, self._start - self.port.snapshot())
+        self._set_payload(self._start, self._start - self.port.snapshot())
         self._syncing, self._serving, self._continue_at = True, served, now
         self.stats["rounds_served"] += 1
+
+    def _set_payload(self, start: np.ndarray, delta: np.ndarray) -> None:
+        """The round's (theta_start, Delta), Delta as the neighbours will decode it."""
+        self._packed = None
+        if self._compressor is not None:
+            self._packed = self._compressor.compress(delta)
+            delta = decompress(self._packed, delta.size)
+        self._payload = (start, delta)
 
     def _begin(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         self._continue_at = math.inf
         start, delta = self._payload
         r = self._rounds.begin(now, neighbours, self._payload, round=self._serving)
         self._serving = None
-        msg = OuterShare(r, self.port.step, len(neighbours), self.port.model_key, start, delta)
+        params = start if r % self._params_every == 0 else _NO_PARAMS
+        if self._packed is None:
+            msg = OuterShare(r, self.port.step, len(neighbours), self.port.model_key, params, delta)
+        else:
+            msg = OuterShareQ(**compressed_fields(self._packed), round=r, step=self.port.step,
+                              degree=len(neighbours), model_key=self.port.model_key, params=params)
         self._poll(now)
         return [Send(j, msg) for j in neighbours]
 
@@ -136,9 +195,11 @@ class DiLoCo(AsynchronousHooks):
             return
         tau = self.config.staleness_tau if self.config.staleness_aware else None
         self._payload = self._rounds.finish(self.port.step, tau).payload
+        self._packed = None
         if self._rounds.round % self.config.diloco_gossip_rounds or self._rounds.behind:
             # More gossip rounds in this outer step, or we fell behind the swarm's rounds (a
             # joiner): tick begins the next round (at the swarm's round number) right away.
+            self._set_payload(*self._payload)
             self._continue_at = now
             return
         self._outer_step(now)
@@ -166,18 +227,24 @@ class DiLoCo(AsynchronousHooks):
             raise LocalProtocolError("after_step() before may_step() turned True")
         if step % self.config.diloco_inner_steps:
             return []
-        local = self.port.snapshot()
-        self._payload = (self._start, self._start - local)
+        self._set_payload(self._start, self._start - self.port.snapshot())
         self._syncing = True
         return self._begin(now, neighbours)
 
     # -- network ------------------------------------------------------------------------------
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
-        if not isinstance(msg, OuterShare):
+        if isinstance(msg, OuterShare):
+            check_params(msg.delta, msg.model_key, self.port)
+            delta = msg.delta
+        elif isinstance(msg, OuterShareQ):
+            if msg.numel != self.port.numel:
+                raise RemoteProtocolError("bad_tensor", f"{msg.numel} parameters, want {self.port.numel}")
+            delta = decompress(msg.payload(), self.port.numel)
+            check_params(delta, msg.model_key, self.port)
+        else:
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a DiLoCo message")
-        check_params(msg.params, msg.model_key, self.port)
-        check_params(msg.delta, msg.model_key, self.port)
-        self._rounds.offer(src, msg.round, msg.degree, msg.step, (msg.params, msg.delta))
+        params = _received_params(msg.params, msg.model_key, self.port)
+        self._rounds.offer(src, msg.round, msg.degree, msg.step, (params, delta))
         if self._syncing and self._continue_at == math.inf:
             self._poll(now)
         self._serve(now)

@@ -7,7 +7,8 @@ the round timeout passed, then mixes with Metropolis-Hastings weights
 
     v_i <- v_i + sum_j w_ij (v_j - v_i),   w_ij = 1 / (1 + max(d_i, d_j))  [x staleness factor]
 
-over the vectors that arrived. A missing neighbour is dropped from that round: its weight stays
+over the vectors that arrived (a sender may leave one of its vectors out of a round, None: it
+then counts as equal to ours and moves nothing). A missing neighbour is dropped from that round: its weight stays
 on v_i, so the row stays stochastic (the swarm mean drifts by that one asymmetric term). Vectors
 from more senders than we have neighbours (membership views that disagree) are scaled down so
 that v_i keeps at least 1/(1 + d_i), as in any Metropolis-Hastings row: the mix stays convex.
@@ -62,7 +63,7 @@ LEAD = 16  # a vector this many rounds ahead means we fell behind (more than any
 class Entry:
     degree: int  # the sender's neighbour count this round
     step: int  # the sender's local step count (staleness)
-    payload: tuple[np.ndarray, ...]
+    payload: tuple[Optional[np.ndarray], ...]  # None: left out this round (mixed as equal to ours)
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,8 @@ class NeighbourRounds:
         self._count("exchanges_started")
         return r
 
-    def offer(self, src: str, round: int, degree: int, step: int, payload: tuple[np.ndarray, ...]) -> bool:
+    def offer(self, src: str, round: int, degree: int, step: int,
+              payload: tuple[Optional[np.ndarray], ...]) -> bool:
         """Buffer a neighbour's round vector (tensors already checked). False if dropped."""
         if round < 0 or not 0 <= degree <= MAX_DEGREE:
             raise RemoteProtocolError("bad_value", f"round {round}, degree {degree}")
@@ -204,7 +206,8 @@ class NeighbourRounds:
             weights = [w * cap / total for w in weights]
         for w, entry in zip(weights, box.values()):
             for k, (mine, theirs) in enumerate(zip(own, entry.payload)):
-                acc[k] += np.float32(w) * (theirs - mine)
+                if theirs is not None:  # None: the sender left this vector out, "same as mine"
+                    acc[k] += np.float32(w) * (theirs - mine)
         mixed = tuple(mine + delta for mine, delta in zip(own, acc))
         self._count("exchanges_completed")
         if len(box) < self._expected:
