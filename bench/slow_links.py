@@ -22,7 +22,11 @@ start-up, data loading and joining / rendezvous count):
 - train_time_s: when the last peer finished its steps (null if cut off by ``--max-time``);
 - bytes_per_peer: mean over peers of what each put on its link (the bridge-side veth's
   rx_bytes counter: payload plus TCP/IP/Ethernet headers);
-- final_accuracy: the curve's last value; steps: the fewest steps any peer completed.
+- final_accuracy: the curve's last value; steps: the fewest steps any peer completed;
+- bytes_to_target: bytes_per_peer counted up to time_to_target_s (sampled every ~0.5 s);
+- accuracy_at_equal_steps: the mean accuracy of each peer's last evaluation made at or before
+  ``equal_steps``, the fewest steps per peer that any method at that rate completed (so every
+  method is compared after the same number of samples, DDP cut off by --max-time included).
 Ratios in the table (time to target / compute-only's, / DDP's at the same rate) come from this
 one run only: the machine is shared, so compare within a run, never across runs.
 
@@ -64,6 +68,9 @@ P2P_CONFIGS: dict[str, list[str]] = {
     "p2p-adpsgd": [],  # AD-PSGD pairwise gossip with the node's defaults (bandwidth-aware pause)
     "p2p-adpsgd-int8": ["--compression", "int8"],  # 4x fewer bytes, still exactly mean-preserving
     "p2p-auto": ["--compression", "auto"],  # codec chosen per link from measured exchanges
+    "p2p-diloco": ["--algorithm", "diloco"],  # H=50 local steps, then a gossip-averaged outer step
+    "p2p-diloco-int8": ["--algorithm", "diloco", "--compression", "int8"],  # int8 pseudo-gradients,
+    # theta_start every 8th outer step: ~1/4 model per neighbour per 50 steps (the best here)
 }
 # ---------------------------------------------------------------------------------------------
 
@@ -89,12 +96,18 @@ class Result:
     steps: int = 0
     train_time_s: Optional[float] = None
     status: str = "ok"  # ok | max-time | failed: ...
+    bytes_to_target: Optional[float] = None  # mean over peers of bytes sent up to time_to_target_s
+    accuracy_at_equal_steps: Optional[float] = None  # at the steps DDP reached too (see equal_steps)
+    equal_steps: Optional[int] = None
     bytes_each: list[int] = field(default_factory=list)
     curve: list[tuple[float, float]] = field(default_factory=list)  # (s since launch, mean acc)
+    step_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, mean acc)
+    bytes_curve: list[tuple[float, float]] = field(default_factory=list)  # (s, mean bytes sent per peer)
 
     def summary(self) -> dict[str, Any]:
         d = asdict(self)
-        d.pop("curve")
+        for key in ("curve", "step_curve", "bytes_curve"):
+            d.pop(key)
         return d
 
 
@@ -159,10 +172,12 @@ def run_p2p(lab: Lab, name: str, extra: list[str], s: Settings, log_dir: Path) -
     swarm = LabSwarm(lab, log_dir, node_args, port=P2P_PORT, per_peer_args=per_peer)
     tails = [LogTail(log_dir / f"peer{i}.log") for i in range(s.peers)]
     series: list[list[tuple[float, float]]] = [[] for _ in range(s.peers)]
+    by_step: list[list[tuple[int, float]]] = [[] for _ in range(s.peers)]
     steps = [0] * s.peers
     finished: list[Optional[float]] = [None] * s.peers
     tx0 = [lab.tx_bytes(i) for i in range(s.peers)]
     t0 = time.time()
+    sent = BytesSampler(lab, tx0, t0)
 
     def read(now: float) -> None:
         for i, tail in enumerate(tails):
@@ -174,6 +189,7 @@ def run_p2p(lab: Lab, name: str, extra: list[str], s: Settings, log_dir: Path) -
                 acc = float(match.group(3))
                 if not math.isnan(acc) and (not series[i] or series[i][-1][1] != acc or match.group(1) == "done"):
                     series[i].append((now, acc))
+                    by_step[i].append((steps[i], acc))
                 if finished[i] is None and steps[i] >= s.steps:
                     finished[i] = now
 
@@ -182,6 +198,7 @@ def run_p2p(lab: Lab, name: str, extra: list[str], s: Settings, log_dir: Path) -
         while any(swarm.alive(i) for i in range(s.peers)):
             time.sleep(s.poll / 2)
             read(time.time() - t0)
+            sent.sample()
             if time.time() - t0 > s.max_time:
                 res.status = "max-time"
                 break
@@ -190,8 +207,26 @@ def run_p2p(lab: Lab, name: str, extra: list[str], s: Settings, log_dir: Path) -
     read(time.time() - t0)
     if res.status == "ok" and any(c != 0 for c in codes):
         res.status = f"failed: exit codes {codes} (logs in {log_dir})"
-    _finish(res, lab, tx0, series, steps, finished, s)
+    _finish(res, lab, sent, series, by_step, steps, finished, s)
     return res
+
+
+class BytesSampler:
+    """Mean bytes per peer put on the links since launch, sampled over time (for bytes to target)."""
+
+    def __init__(self, lab: Lab, tx0: list[int], t0: float) -> None:
+        self.lab, self.tx0, self.t0 = lab, tx0, t0
+        self.curve: list[tuple[float, float]] = [(0.0, 0.0)]
+
+    def sample(self) -> None:
+        total = sum(self.lab.tx_bytes(i) - b for i, b in enumerate(self.tx0))
+        self.curve.append((round(time.time() - self.t0, 3), total / len(self.tx0)))
+
+    def at(self, t: Optional[float]) -> Optional[float]:
+        """Bytes per peer at the first sample at or after ``t``."""
+        if t is None:
+            return None
+        return next((b for ts, b in self.curve if ts >= t), self.curve[-1][1])
 
 
 def run_workers(lab: Lab, method: str, s: Settings, log_dir: Path) -> Result:
@@ -201,6 +236,7 @@ def run_workers(lab: Lab, method: str, s: Settings, log_dir: Path) -> Result:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     tx0 = [lab.tx_bytes(i) for i in range(s.peers)]
     t0 = time.time()
+    sent = BytesSampler(lab, tx0, t0)
     try:
         for i in range(s.peers):
             if method == "ddp":
@@ -217,12 +253,14 @@ def run_workers(lab: Lab, method: str, s: Settings, log_dir: Path) -> Result:
                 res.status = "max-time"
                 break
             time.sleep(0.5)
+            sent.sample()
     finally:
         _stop(procs)
     codes = [p.returncode for p in procs]
     if res.status == "ok" and any(c != 0 for c in codes):
         res.status = f"failed: exit codes {codes} (logs in {log_dir})"
     series: list[list[tuple[float, float]]] = [[] for _ in range(s.peers)]
+    by_step: list[list[tuple[int, float]]] = [[] for _ in range(s.peers)]
     steps = [0] * s.peers
     finished: list[Optional[float]] = [None] * s.peers
     for i in range(s.peers):
@@ -231,19 +269,24 @@ def run_workers(lab: Lab, method: str, s: Settings, log_dir: Path) -> Result:
             steps[i] = max(steps[i], int(rec.get("step", 0)))
             if "accuracy" in rec:
                 series[i].append((t, float(rec["accuracy"])))
+                by_step[i].append((int(rec.get("step", 0)), float(rec["accuracy"])))
             if rec.get("event") == "done":
                 finished[i] = t
     if method == "ddp":  # one model: rank 0's evaluations are every rank's
-        series = [series[0]]
-    _finish(res, lab, tx0, series, steps, finished, s)
+        series, by_step = [series[0]], [by_step[0]]
+    _finish(res, lab, sent, series, by_step, steps, finished, s)
     return res
 
 
-def _finish(res: Result, lab: Lab, tx0: list[int], series, steps, finished, s: Settings) -> None:
-    res.bytes_each = [lab.tx_bytes(i) - tx0[i] for i in range(s.peers)]
+def _finish(res: Result, lab: Lab, sent: BytesSampler, series, by_step, steps, finished, s: Settings) -> None:
+    sent.sample()
+    res.bytes_each = [lab.tx_bytes(i) - sent.tx0[i] for i in range(s.peers)]
     res.bytes_per_peer = sum(res.bytes_each) / s.peers
+    res.bytes_curve = [(t, round(b)) for t, b in sent.curve]
     res.curve = [(round(t, 3), round(a, 5)) for t, a in _common.mean_accuracy_curve(series)]
+    res.step_curve = [(int(k), round(a, 5)) for k, a in _common.mean_accuracy_curve(by_step)]
     res.time_to_target_s = _common.time_to_target(res.curve, s.target)
+    res.bytes_to_target = sent.at(res.time_to_target_s)
     res.final_accuracy = res.curve[-1][1] if res.curve else None
     res.steps = min(steps) if steps else 0
     res.train_time_s = (round(max(f for f in finished), 3)
@@ -291,7 +334,26 @@ def run_all(rates: list[str], plan: list[tuple[str, Optional[list[str]]]], s: Se
                 results[label][name] = r
                 if name == "compute_only":
                     compute_only = r
+        compare_at_equal_steps(results[label])
     return results
+
+
+def accuracy_at_step(step_curve: list[tuple[int, float]], step: int) -> Optional[float]:
+    """The mean accuracy of the last evaluations made at or before ``step``."""
+    before = [a for k, a in step_curve if k <= step]
+    return before[-1] if before else None
+
+
+def compare_at_equal_steps(by_method: dict[str, Result]) -> None:
+    """Accuracy of every method at the same number of steps per peer (= the same total samples):
+    the fewest any method of this rate completed, so a method cut off by --max-time counts too."""
+    runs = [r for r in by_method.values() if r.step_curve]
+    if not runs:
+        return
+    equal = min(max(k for k, _ in r.step_curve) for r in runs)
+    for r in runs:
+        r.equal_steps = equal
+        r.accuracy_at_equal_steps = accuracy_at_step(r.step_curve, equal)
 
 
 def _fmt(x: Optional[float], digits: int = 1) -> str:
@@ -313,21 +375,32 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
              f"times are wall seconds from launch. Ratios are within this run only. "
              f"Benchmark wall time {wall_s / 60:.1f} min.",
              "",
-             "| rate | method | time to target (s) | × compute-only | × DDP | train time (s) "
-             "| MB sent / peer | final accuracy | steps | status |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| rate | method | time to target (s) | × compute-only | × DDP | MB to target / peer "
+             "| DDP's ÷ ours | accuracy at equal steps (steps) | vs DDP (pt) | final accuracy | steps "
+             "| train time (s) | MB sent / peer | status |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for rate, by_method in results.items():
         co = by_method.get("compute_only")
         ddp = by_method.get("ddp")
         for name, r in by_method.items():
+            equal = "—" if r.accuracy_at_equal_steps is None else f"{r.accuracy_at_equal_steps:.4f} ({r.equal_steps})"
+            vs_ddp = ("—" if r.accuracy_at_equal_steps is None or ddp is None or ddp.accuracy_at_equal_steps is None
+                      else f"{100 * (r.accuracy_at_equal_steps - ddp.accuracy_at_equal_steps):+.1f}")
+            fewer = ("—" if ddp is None or not r.bytes_to_target or ddp.bytes_to_target is None
+                     else f"{ddp.bytes_to_target / r.bytes_to_target:.0f}×")
             lines.append(
                 f"| {rate} | {name} | {_fmt(r.time_to_target_s)} "
                 f"| {_ratio(r.time_to_target_s, co.time_to_target_s if co else None)} "
                 f"| {_ratio(r.time_to_target_s, ddp.time_to_target_s if ddp else None)} "
-                f"| {_fmt(r.train_time_s)} | {_fmt_mb(r.bytes_per_peer)} | {_fmt(r.final_accuracy, 4)} "
-                f"| {r.steps} | {r.status} |")
+                f"| {_fmt_mb(r.bytes_to_target)} | {fewer} | {equal} | {vs_ddp} "
+                f"| {_fmt(r.final_accuracy, 4)} | {r.steps} | {_fmt(r.train_time_s)} "
+                f"| {_fmt_mb(r.bytes_per_peer)} | {r.status} |")
     lines += ["", "compute_only runs once (it sends nothing, so the rate does not matter) and is "
-              "repeated under every rate.", ""]
+              "repeated under every rate. \"MB to target\": mean bytes a peer put on its link until "
+              "the time to target (counted at the bridge: payload plus TCP/IP/Ethernet headers). "
+              "\"Accuracy at equal steps\": each method's mean accuracy from its last evaluations at "
+              "or before the fewest steps per peer any method at that rate completed (equal steps = "
+              "equal total samples: the same peers, batch size and data).", ""]
     return "\n".join(lines)
 
 

@@ -39,6 +39,30 @@ def test_time_to_target_is_the_first_crossing(curve, target, expected):
     assert _common.time_to_target(curve, target) == expected
 
 
+def test_methods_are_compared_at_the_fewest_steps_any_completed():
+    ddp = slow_links.Result("ddp", "100mbit", step_curve=[(100, 0.30), (250, 0.41), (300, 0.45)])
+    ours = slow_links.Result("p2p-x", "100mbit", step_curve=[(120, 0.31), (240, 0.40), (900, 0.6)])
+    idle = slow_links.Result("compute_only", "100mbit")  # nothing evaluated: left out
+    slow_links.compare_at_equal_steps({"ddp": ddp, "p2p-x": ours, "compute_only": idle})
+    assert ddp.equal_steps == ours.equal_steps == 300  # DDP stopped first (--max-time)
+    assert (ddp.accuracy_at_equal_steps, ours.accuracy_at_equal_steps) == (0.45, 0.40)
+    assert idle.accuracy_at_equal_steps is None
+    assert slow_links.accuracy_at_step([(10, 0.5)], 5) is None
+
+
+def test_bytes_to_target_is_read_at_the_first_sample_at_or_after_the_time():
+    class FakeLab:
+        sent = [0, 0]
+
+        def tx_bytes(self, i):
+            return self.sent[i]
+
+    lab = FakeLab()
+    sampler = slow_links.BytesSampler(lab, [0, 0], t0=0.0)
+    sampler.curve = [(0.0, 0.0), (1.0, 10.0), (2.0, 30.0)]
+    assert (sampler.at(0.5), sampler.at(2.0), sampler.at(9.0), sampler.at(None)) == (10.0, 30.0, 30.0, None)
+
+
 def test_methods_expand_to_every_p2p_configuration_then_the_baselines():
     plan = slow_links.plan_methods(["p2p", "ddp", "compute_only"])
     assert [name for name, _ in plan] == [*slow_links.P2P_CONFIGS, "ddp", "compute_only"]
