@@ -38,3 +38,11 @@ def to_endpoint(text: str) -> str:
     except ValueError:
         pass  # a hostname
     return f"tcp://{host}:{port}"
+
+
+def bulk_address(text: str) -> tuple[str, int]:
+    """The (host, port) of a node's bulk-transfer TCP port: its ZeroMQ port + 1 (p2p/bulk.py)."""
+    host, port = parse_address(text)
+    if port >= 65535:
+        raise AddressError(f"address {text!r}: port {port} leaves no room for the bulk port {port + 1}")
+    return host, port + 1

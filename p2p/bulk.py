@@ -1,18 +1,28 @@
-"""Chunked transfer of large messages: framing, and reassembly with limits (no sockets here).
+"""Large messages as a byte stream on a plain TCP connection: framing and reading (no sockets).
 
-Why: a model-sized message sent as one ZeroMQ message is allocated whole by the receiver (page
-faults on fresh memory every time), cannot be abandoned half-way, and queues every later
-message to that peer behind it. So messages above ``BulkConfig.threshold_bytes`` travel on a
-separate connection (p2p/transport.py) as one *start* record followed by *chunks*:
+Why not ZeroMQ for these: libzmq receives a message into a buffer of its own, and the
+application then copies it out; for a model-sized message that copy, on top of the kernel's,
+costs about a third of loopback throughput on a 2-core machine (bench/transport_throughput.py).
+On a plain TCP stream the kernel copies straight into our pooled buffer (``recv_into``), as a
+bare socket does; and the receiver checks each message's declared sizes against its limits
+*before* any payload arrives. So messages of ``BulkConfig.threshold_bytes`` or more travel on
+one TCP connection per (sender, receiver) pair, to the receiver's bulk port (its ZeroMQ port
++ 1, p2p/addresses.py), framed as:
 
-    start  [START_MAGIC + transfer_id, header frame, msgpack list of tensor frame sizes]
-    chunk  [CHUNK_MAGIC + transfer_id + offset, raw bytes]
+    prefix   !4sQIH: magic "P2PB", transfer id, header length, number of tensor frames
+    meta     the wire header frame (p2p/wire.py), then one !Q byte count per tensor frame
+    payload  the tensor frames' bytes, back to back
 
-Chunks of one transfer arrive in order (one TCP connection per sender). The receiver checks
-the start record against its limits *before* any payload arrives, receives each chunk straight
-into a preallocated (pooled) buffer, and hands the reassembled frames to ``p2p.wire.decode``,
-which performs every usual check. Partial transfers that stall are dropped after
-``stall_timeout_s``; a sender can have at most ``max_transfers_per_sender`` open at once.
+``StreamReader`` is the receiving state machine: it names where the next received bytes go
+(``target``) and accounts them (``advance``), returning ``[header, *tensor frames]`` once a
+message is complete; the frames are views of one pooled buffer and go through
+``p2p.wire.decode`` like any other message. The NaN/Inf check is the one exception: the reader
+runs it on float tensors piece by piece as they arrive (``CHECK_BYTES`` at a time, while the
+bytes are still in cache, about 3x cheaper than a pass over the whole message afterwards), so
+a message it delivers is marked ``finite_checked`` and a message carrying NaN/Inf is reported
+as ``non_finite`` instead of delivered. A stream
+cannot resynchronise after garbage, so any framing error raises ``RemoteProtocolError`` and the
+transport closes that connection.
 """
 
 from __future__ import annotations
@@ -26,55 +36,38 @@ import msgpack
 import numpy as np
 
 from p2p.protocol import RemoteProtocolError
+from p2p.wire import all_finite
 
-START_MAGIC = b"P2PS"  # cannot start a wire header (msgpack fixarray 0x95)
-CHUNK_MAGIC = b"P2PC"
-_START = struct.Struct("!4sQ")
-_CHUNK = struct.Struct("!4sQQ")
+CHECK_BYTES = 256 * 1024  # check float payload for NaN/Inf in pieces this size, still in cache
+_FLOATS = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
+
+MAGIC = b"P2PB"
+_PREFIX = struct.Struct("!4sQIH")
+_SIZE = struct.Struct("!Q")
+MAX_TENSOR_FRAMES = 15  # p2p.wire.Limits.max_frames - 1 (the header)
 
 
 @dataclass(frozen=True)
 class BulkConfig:
-    threshold_bytes: int = 256 * 1024  # messages at least this large go chunked
-    chunk_bytes: int = 1024 * 1024  # few enough records that per-chunk Python cost stays small
-    max_transfers_per_sender: int = 4  # open transfers one sender may have at a receiver
+    threshold_bytes: int = 256 * 1024  # messages at least this large travel on the bulk stream
     max_pending_per_peer: int = 2  # large messages queued for one peer before sends drop
     stall_timeout_s: float = 30.0  # a transfer that makes no progress this long is dropped
-    pool_buffers: int = 4  # reassembly buffers kept for reuse (page faults are the cost)
+    max_connections: int = 256  # inbound bulk connections kept open at once
+    max_header_bytes: int = 64 * 1024  # a bulk message's wire header (a few hundred bytes in practice)
+    pool_buffers: int = 4  # receive buffers kept for reuse (fresh memory costs page faults)
 
 
-def start_record(transfer_id: int, frames: list) -> list:
-    sizes = [len(f) if isinstance(f, (bytes, bytearray)) else f.nbytes for f in frames[1:]]
-    return [_START.pack(START_MAGIC, transfer_id), frames[0], msgpack.packb(sizes)]
-
-
-def chunk_records(transfer_id: int, frames: list, chunk_bytes: int):
-    """Yield chunk messages covering the tensor frames, as zero-copy memoryview slices."""
-    offset = 0
-    for frame in frames[1:]:
-        view = memoryview(frame).cast("B") if not isinstance(frame, memoryview) else frame
-        for start in range(0, len(view), chunk_bytes):
-            part = view[start:start + chunk_bytes]
-            yield [_CHUNK.pack(CHUNK_MAGIC, transfer_id, offset), part]
-            offset += len(part)
-
-
-def kind_of(first_frame: bytes) -> str:
-    """'start', 'chunk' or 'message' from a message's first frame (bytes)."""
-    if first_frame[:4] == START_MAGIC and len(first_frame) == _START.size:
-        return "start"
-    if first_frame[:4] == CHUNK_MAGIC and len(first_frame) == _CHUNK.size:
-        return "chunk"
-    return "message"
-
-
-def parse_chunk(first_frame: bytes) -> tuple[int, int]:
-    _, transfer_id, offset = _CHUNK.unpack(first_frame)
-    return transfer_id, offset
+def stream_parts(transfer_id: int, frames: list) -> list[memoryview]:
+    """What the sender writes, in order: prefix + meta, then each tensor frame (no copies)."""
+    header = bytes(frames[0])
+    tensors = [memoryview(f).cast("B") for f in frames[1:]]
+    meta = _PREFIX.pack(MAGIC, transfer_id, len(header), len(tensors)) + header
+    meta += b"".join(_SIZE.pack(t.nbytes) for t in tensors)
+    return [memoryview(meta), *(t for t in tensors if t.nbytes)]
 
 
 class BufferPool:
-    """Reuses reassembly buffers, but only ones nothing else still references."""
+    """Reuses receive buffers, but only ones nothing else still references."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
@@ -93,94 +86,141 @@ class BufferPool:
         if sys.getrefcount(buf) <= 3 and len(self._free) < self.keep:
             self._free.append(buf)
 
-
-@dataclass
-class _Transfer:
-    header: bytes
-    sizes: list[int]
-    buffer: np.ndarray
-    received: int
-    last_progress: float
-
-
-class Reassembler:
-    """Per-sender reassembly of chunked transfers, with limits. Fed by the transport."""
-
-    def __init__(self, config: BulkConfig, max_message_bytes: int) -> None:
-        self.config = config
-        self.max_message_bytes = max_message_bytes
-        self.pool = BufferPool(config.pool_buffers)
-        self._open: dict[tuple[bytes, int], _Transfer] = {}
-
-    def start(self, sender: bytes, first: bytes, header: bytes, sizes_frame: bytes, now: float) -> None:
-        _, transfer_id = _START.unpack(first)
-        if (sender, transfer_id) in self._open:
-            raise RemoteProtocolError("malformed", f"transfer {transfer_id} started twice")
-        try:
-            sizes = msgpack.unpackb(sizes_frame)
-        except Exception:  # msgpack raises many types on garbage
-            raise RemoteProtocolError("malformed", "bulk start: bad size list") from None
-        if (not isinstance(sizes, list) or len(sizes) > 16
-                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in sizes)):
-            raise RemoteProtocolError("malformed", "bulk start: bad size list")
-        total = sum(sizes)
-        if total == 0:
-            raise RemoteProtocolError("malformed", "bulk start with nothing to transfer")
-        if total > self.max_message_bytes:
-            raise RemoteProtocolError("oversized", f"bulk transfer of {total} bytes")
-        if sum(1 for s, _ in self._open if s == sender) >= self.config.max_transfers_per_sender:
-            raise RemoteProtocolError("too_many_transfers", "sender has too many open transfers")
-        self._open[(sender, transfer_id)] = _Transfer(bytes(header), sizes, self.pool.take(total), 0, now)
-
-    def chunk_target(self, sender: bytes, first: bytes, now: float) -> tuple[tuple[bytes, int], memoryview]:
-        """Where the next chunk's payload goes: a writable view of the rest of the buffer
-        (the chunk size is the sender's choice; a chunk that does not fit is caught by
-        ``chunk_done``)."""
-        transfer_id, offset = parse_chunk(first)
-        key = (sender, transfer_id)
-        transfer = self._open.get(key)
-        if transfer is None:
-            raise RemoteProtocolError("unknown_transfer", f"chunk of transfer {transfer_id}")
-        if offset != transfer.received:
-            del self._open[key]
-            raise RemoteProtocolError("malformed", f"chunk at {offset}, expected {transfer.received}")
-        transfer.last_progress = now
-        return key, memoryview(transfer.buffer)[offset:]
-
-    def chunk_done(self, key: tuple[bytes, int], nbytes: int) -> Optional[list]:
-        """Account a chunk of ``nbytes`` (its full size, as zmq reports it even when it did
-        not fit). Returns the reassembled frames when the transfer is complete."""
-        transfer = self._open.get(key)
-        if transfer is None:
-            return None
-        if nbytes == 0 or transfer.received + nbytes > transfer.buffer.nbytes:
-            del self._open[key]
-            raise RemoteProtocolError("malformed", "chunk runs past the end of its transfer")
-        transfer.received += nbytes
-        if transfer.received < transfer.buffer.nbytes:
-            return None
-        del self._open[key]
-        frames: list = [transfer.header]
-        view = memoryview(transfer.buffer)
-        offset = 0
-        for size in transfer.sizes:
-            frames.append(view[offset:offset + size])
-            offset += size
-        return frames
-
     def release(self, frames: list) -> None:
-        """Give a delivered transfer's buffer back once its message has been handled."""
+        """A delivered message was handled: its buffer may be reused."""
         if len(frames) > 1 and isinstance(frames[1], memoryview):
             buf = frames[1].obj
             frames.clear()  # drop our own views before the reference check
             if isinstance(buf, np.ndarray):
-                self.pool.give(buf)
+                self.give(buf)
 
-    def expire(self, now: float) -> int:
-        stale = [k for k, t in self._open.items() if now - t.last_progress > self.config.stall_timeout_s]
-        for key in stale:
-            del self._open[key]
-        return len(stale)
 
-    def open_transfers(self) -> int:
-        return len(self._open)
+def _float_dtypes(header: bytes, count: int) -> Optional[list]:
+    """Per tensor frame, its float dtype (None for other dtypes), read from the wire header's
+    tensor specs; None if the header cannot be read (decode will reject it anyway)."""
+    try:
+        specs = msgpack.unpackb(header, raw=False)[4]
+        names = [spec[0] for spec in specs]
+    except Exception:  # any malformed header: leave every check to decode
+        return None
+    if len(names) != count or not all(isinstance(n, str) for n in names):
+        return None
+    return [_FLOATS.get(n) for n in names]
+
+
+class StreamReader:
+    """Reads framed messages from one inbound bulk connection (module docstring)."""
+
+    def __init__(self, pool: BufferPool, max_message_bytes: int, max_header_bytes: int, now: float) -> None:
+        self.pool = pool
+        self.max_message_bytes = max_message_bytes
+        self.max_header_bytes = max_header_bytes
+        self.last_progress = now
+        self._reset()
+
+    def _reset(self) -> None:
+        self._phase = "prefix"
+        self._buf: "bytearray | np.ndarray" = bytearray(_PREFIX.size)
+        self._have = 0
+        self._header_len = 0
+        self._sizes: list[int] = []
+        self._floats: list = []  # per tensor frame: its float dtype, or None
+        self._checked: list[int] = []  # per tensor frame: bytes checked finite so far
+        self._ends: list[int] = []  # per tensor frame: its end offset in the payload
+        self._since_check = 0
+        self._bad = False
+        self.finite_checked = False  # the last delivered message's floats were all checked
+        self.non_finite = False  # the last delivered message carries NaN or Inf: do not use it
+
+    def mid_message(self) -> bool:
+        """Some of a message has arrived but not all of it."""
+        return self._phase != "prefix" or self._have > 0
+
+    def target(self) -> memoryview:
+        """Where the next received bytes go (never empty)."""
+        return memoryview(self._buf)[self._have:]
+
+    def advance(self, nbytes: int, now: float) -> Optional[list]:
+        """``nbytes`` were written into ``target()``; the message's frames once it is complete."""
+        self._have += nbytes
+        self.last_progress = now
+        if self._have < len(self._buf):
+            if self._phase == "payload":
+                self._since_check += nbytes
+                if self._since_check >= CHECK_BYTES:
+                    self._check()
+            return None
+        if self._phase == "prefix":
+            self._parse_prefix()
+            return None
+        if self._phase == "meta":
+            return self._parse_meta()
+        self._check()
+        return self._deliver()
+
+    def _parse_prefix(self) -> None:
+        magic, self.transfer_id, header_len, count = _PREFIX.unpack(self._buf)
+        if magic != MAGIC:
+            raise RemoteProtocolError("malformed", "bulk stream: bad magic")
+        if header_len == 0 or header_len > self.max_header_bytes:
+            raise RemoteProtocolError("oversized" if header_len else "malformed", f"bulk header of {header_len} bytes")
+        if count > MAX_TENSOR_FRAMES:
+            raise RemoteProtocolError("oversized", f"bulk message of {count} tensor frames")
+        self._header_len = header_len
+        self._phase, self._buf, self._have = "meta", bytearray(header_len + _SIZE.size * count), 0
+
+    def _parse_meta(self) -> Optional[list]:
+        meta = bytes(self._buf)
+        header = meta[:self._header_len]
+        sizes = [s for (s,) in _SIZE.iter_unpack(meta[self._header_len:])]
+        total = sum(sizes)
+        if total > self.max_message_bytes:
+            raise RemoteProtocolError("oversized", f"bulk transfer of {total} bytes")
+        self._header, self._sizes = header, sizes
+        self._floats = _float_dtypes(header, len(sizes))
+        ends, offset = [], 0
+        for size in sizes:
+            offset += size
+            ends.append(offset)
+        self._ends, self._checked, self._since_check = ends, [0] * len(sizes), 0
+        self._bad = False
+        if total == 0:  # nothing but empty tensors: deliver at once
+            return self._frames(memoryview(b""))
+        self._phase, self._buf, self._have = "payload", self.pool.take(total), 0
+        return None
+
+    def _check(self) -> None:
+        """Check the float tensors' bytes that arrived since the last check (whole elements)."""
+        self._since_check = 0
+        if self._bad or self._floats is None:
+            return
+        start = 0
+        for i, (dtype, end) in enumerate(zip(self._floats, self._ends)):
+            begin = start + self._checked[i]
+            start = end
+            if dtype is None or begin >= end or begin >= self._have:
+                continue
+            upto = min(end, self._have)
+            upto -= (upto - begin) % np.dtype(dtype).itemsize
+            if upto > begin:
+                part = np.frombuffer(self._buf, dtype=np.uint8, count=upto - begin, offset=begin).view(dtype)
+                if not all_finite(part):
+                    self._bad = True
+                    return
+                self._checked[i] += upto - begin
+
+    def _deliver(self) -> list:
+        return self._frames(memoryview(self._buf))
+
+    def _frames(self, view: memoryview) -> list:
+        frames: list = [self._header]
+        offset = 0
+        for size in self._sizes:
+            frames.append(view[offset:offset + size])
+            offset += size
+        checked = self._floats is not None and all(
+            f is None or c == s for f, c, s in zip(self._floats, self._checked, self._sizes))
+        bad = self._bad
+        self._reset()
+        self.non_finite, self.finite_checked = bad, checked and not bad
+        return frames

@@ -42,7 +42,7 @@ class DemoConfig:
     algorithm: str = "adpsgd"
     topology: str = "full"
     compression: str = "none"
-    base_port: int = 0  # 0: free ports picked by the OS
+    base_port: int = 0  # 0: free ports picked by the OS; else peers use base, base + 2, ... (+1: bulk)
     live: bool = True  # draw the live view on stderr
     log_dir: Optional[str] = None  # keep peer logs here (default: a temporary directory)
     cache_dir: Optional[str] = None  # reference-accuracy cache (None: no cache)
@@ -72,7 +72,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     if config.log_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="p2p-demo-")
     log_dir = Path(config.log_dir or tmp.name)
-    ports = (list(range(config.base_port, config.base_port + config.peers)) if config.base_port
+    ports = (list(range(config.base_port, config.base_port + 2 * config.peers, 2)) if config.base_port
              else free_ports(config.peers))
     node_args = ["--task", config.task, "--seed", str(config.seed), "--linger", "-1",
                  "--algorithm", config.algorithm, "--topology", config.topology, "--membership", "local",

@@ -99,7 +99,7 @@ class NetworkDriver:
         try:
             if incoming.error is not None:
                 raise incoming.error
-            src, msg = decode(incoming.frames, self.limits)
+            src, msg = decode(incoming.frames, incoming.limits(self.limits))
             if isinstance(msg, StatusRequest):
                 self.transport.reply(incoming.identity, encode(StatusReply(self.status_info()), self.advertise))
                 return

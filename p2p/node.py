@@ -147,7 +147,8 @@ class Node:
             "members": [_member_row(m, time.monotonic()) for m in self.peer.membership.table()],
             "bytes_sent": t.bytes_sent, "bytes_received": t.bytes_received,
             "messages_sent": t.messages_sent, "messages_received": t.messages_received,
-            "send_drops": t.send_drops, "rejected": dict(self.driver.rejected),
+            "send_drops": t.send_drops, "transfers_abandoned": t.transfers_abandoned,
+            "bulk_connections_refused": t.connections_refused, "rejected": dict(self.driver.rejected),
             "averaging": dict(self.peer.averager.stats), "uptime_s": time.monotonic() - s.started_at,
             "bandwidth": self._bandwidth(),
         }

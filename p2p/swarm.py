@@ -21,16 +21,29 @@ from p2p.client import QueryError, state, status
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports the OS reports free right now (bound and released together to avoid repeats)."""
-    socks = []
+    """Ports the OS reports free right now, each with the next port free too (a node's bulk
+    port, p2p/bulk.py), and no two pairs overlapping. All are held while choosing, so none
+    repeats."""
+    held, ports = [], []
     try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+        while len(ports) < count:
+            first = socket.socket()
+            first.bind((host, 0))
+            held.append(first)
+            port = first.getsockname()[1]
+            if port >= 65535 or port + 1 in ports or port - 1 in ports:
+                continue
+            second = socket.socket()
+            try:
+                second.bind((host, port + 1))
+            except OSError:
+                second.close()
+                continue
+            held.append(second)
+            ports.append(port)
+        return ports
     finally:
-        for s in socks:
+        for s in held:
             s.close()
 
 

@@ -1,4 +1,5 @@
-"""ZeroMQ transport: one listening ROUTER per node; per peer address, two outgoing DEALERs.
+"""The transport: one listening ROUTER per node, per peer an outgoing DEALER, and a plain TCP
+stream per peer for large messages.
 
 Peer-to-peer messages are one-way: A's DEALER connected to B's advertised address delivers to
 B's ROUTER, and B answers through its own DEALER to A's advertised address (carried in every
@@ -7,34 +8,38 @@ Clients such as ``p2p status`` are answered through the ROUTER on the connection
 in on, since they have no listening address.
 
 Two connections per peer, so that a model in flight never delays control traffic: small
-messages (membership probes, replies without tensors) go on the *control* DEALER; messages of
-``bulk.threshold_bytes`` or more go on the *bulk* DEALER as chunked transfers (p2p/bulk.py),
-pumped as the socket becomes writable. That is the flow control of the ZeroMQ guide's
-file-transfer pattern, with TCP's window and ZeroMQ's high-water mark as the credit: the
+messages (membership probes, replies without tensors) go on the DEALER; messages of
+``bulk.threshold_bytes`` or more go on a plain TCP connection to the peer's bulk port (its
+advertised port + 1), framed by p2p/bulk.py and written as the socket becomes writable. The
+receiver reads them straight into pooled buffers (``recv_into``: one kernel copy, as a bare
+socket; ZeroMQ would add a copy out of its own buffer). Flow control is TCP's window: the
 sender holds at most ``max_pending_per_peer`` large messages per peer (references to the
-snapshots being sent, no copies) and drops, and counts, any beyond; a stalled transfer is
-abandoned after ``stall_timeout_s``. The receiver checks each transfer's declared size before
-any payload arrives and receives chunks straight into pooled buffers (``recv_into``).
+snapshots being sent, no copies) and drops, and counts, any beyond; a transfer that makes no
+progress for ``stall_timeout_s`` is abandoned by either end (which closes the connection: a
+stream cannot skip a message half-sent).
 
 Memory stays bounded whatever peers do: small send high-water marks, non-blocking sends that
-drop and count rather than wait, an inbound size limit (ZMQ_MAXMSGSIZE), and limits on open
-transfers per sender. ZeroMQ reconnects by itself; sockets to peers unused for
-``idle_close_s`` are closed.
+drop and count rather than wait, an inbound size limit (ZMQ_MAXMSGSIZE, and the bulk reader's
+limits checked before any payload arrives), and a cap on inbound bulk connections. ZeroMQ
+reconnects by itself; a bulk connection that fails is re-dialled on the next large send
+(after ``reconnect_ivl_ms``). Sockets to peers unused for ``idle_close_s`` are closed.
 """
 
 from __future__ import annotations
 
 import errno
 import itertools
+import socket
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional, Union
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Optional, Union
 
 import zmq
 
-from p2p.addresses import to_endpoint
-from p2p.bulk import BulkConfig, Reassembler, chunk_records, kind_of, start_record
+from p2p.addresses import AddressError, bulk_address, to_endpoint
+from p2p.bulk import BufferPool, BulkConfig, StreamReader, stream_parts
 from p2p.protocol import RemoteProtocolError
+from p2p.wire import Limits
 
 
 class TransportError(RuntimeError):
@@ -59,6 +64,11 @@ class Incoming:
     identity: bytes
     frames: Optional[list]
     error: Optional[RemoteProtocolError] = None
+    finite_checked: bool = False  # the bulk reader already proved its float tensors finite
+
+    def limits(self, limits: Limits) -> Limits:
+        """The limits to ``decode`` it with: without the NaN/Inf pass the reader already made."""
+        return replace(limits, check_finite=False) if self.finite_checked and limits.check_finite else limits
 
 
 def _nbytes(frame: Union[bytes, memoryview, zmq.Frame]) -> int:
@@ -67,9 +77,48 @@ def _nbytes(frame: Union[bytes, memoryview, zmq.Frame]) -> int:
 
 @dataclass
 class _Outgoing:
-    records: Iterator[list]
+    parts: list[memoryview]  # p2p.bulk.stream_parts
     deadline: float
-    current: Optional[list] = None
+    index: int = 0  # the part being written
+    offset: int = 0  # bytes of it written
+
+    @property
+    def started(self) -> bool:
+        return self.index > 0 or self.offset > 0
+
+
+@dataclass
+class _OutStream:
+    """The bulk connection to one peer and the large messages queued for it."""
+
+    queue: deque = field(default_factory=deque)
+    sock: Optional[socket.socket] = None
+    connected: bool = False
+    retry_at: float = 0.0  # no re-dial before this
+    backoff_s: float = 0.0
+
+
+@dataclass
+class _InStream:
+    sock: socket.socket
+    reader: StreamReader
+    identity: bytes
+
+
+def _listen_socket(listen: str) -> socket.socket:
+    host, port = bulk_address(listen)
+    host = "" if host in ("0.0.0.0", "*") else host
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(64)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 class Transport:
@@ -88,24 +137,34 @@ class Transport:
             if exc.errno == errno.EADDRINUSE:
                 raise TransportError(f"cannot listen on {listen}: address already in use") from None
             raise TransportError(f"cannot listen on {listen}: {exc}") from None
+        try:
+            self.listener = _listen_socket(listen)
+        except (OSError, AddressError) as exc:
+            self.router.close()
+            host, port = listen.rpartition(":")[0], listen.rpartition(":")[2]
+            why = "address already in use" if getattr(exc, "errno", None) == errno.EADDRINUSE else str(exc)
+            raise TransportError(f"cannot listen on {host}:{int(port) + 1} (large messages use the port after "
+                                 f"--listen's): {why}") from None
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
+        self.poller.register(self.listener, zmq.POLLIN)
         self._control: dict[str, zmq.Socket] = {}
-        self._bulk: dict[str, zmq.Socket] = {}
-        self._pending: dict[str, deque[_Outgoing]] = {}
+        self._out: dict[str, _OutStream] = {}
+        self._in: dict[socket.socket, _InStream] = {}
         self._last_used: dict[str, float] = {}
         self._transfer_ids = itertools.count(1)
-        self.reassembler = Reassembler(config.bulk, config.max_message_bytes)
+        self.pool = BufferPool(config.bulk.pool_buffers)
         self.bytes_sent = 0
         self.bytes_received = 0
         self.messages_sent = 0
         self.messages_received = 0
         self.send_drops = 0
         self.transfers_abandoned = 0
+        self.connections_refused = 0  # inbound bulk connections beyond ``max_connections``
 
     # -- sockets --------------------------------------------------------------------------
-    def _socket(self, table: dict[str, zmq.Socket], addr: str) -> zmq.Socket:
-        sock = table.get(addr)
+    def _socket(self, addr: str) -> zmq.Socket:
+        sock = self._control.get(addr)
         if sock is None:
             sock = self.context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
@@ -114,7 +173,7 @@ class Transport:
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self.config.reconnect_ivl_max_ms)
             sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
             sock.connect(to_endpoint(addr))
-            table[addr] = sock
+            self._control[addr] = sock
         return sock
 
     # -- sending --------------------------------------------------------------------------
@@ -125,7 +184,7 @@ class Transport:
         try:
             if len(frames) > 1 and size >= self.config.bulk.threshold_bytes:
                 return self._send_bulk(addr, frames, now)
-            sock = self._socket(self._control, addr)
+            sock = self._socket(addr)
             sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             self.send_drops += 1
@@ -138,44 +197,89 @@ class Transport:
         return True
 
     def _send_bulk(self, addr: str, frames: list, now: float) -> bool:
-        queue = self._pending.setdefault(addr, deque())
-        if len(queue) >= self.config.bulk.max_pending_per_peer:
+        stream = self._out.setdefault(addr, _OutStream())
+        if len(stream.queue) >= self.config.bulk.max_pending_per_peer:
             self.send_drops += 1
             return False
-        transfer_id = next(self._transfer_ids)
-        records = itertools.chain([start_record(transfer_id, frames)],
-                                  chunk_records(transfer_id, frames, self.config.bulk.chunk_bytes))
-        queue.append(_Outgoing(records, now + self.config.bulk.stall_timeout_s))
+        stream.queue.append(_Outgoing(stream_parts(next(self._transfer_ids), frames),
+                                      now + self.config.bulk.stall_timeout_s))
         self.messages_sent += 1
-        self._pump(addr, now)
+        self._pump(addr, stream, now)
         return True
 
-    def _pump(self, addr: str, now: float) -> None:
-        """Send queued transfer records to ``addr`` until the socket would block."""
-        queue = self._pending.get(addr)
-        sock = self._socket(self._bulk, addr)
+    def _dial(self, addr: str, stream: _OutStream, now: float) -> None:
+        """Start a non-blocking connect to ``addr``'s bulk port (completion shows as POLLOUT)."""
+        try:
+            host, port = bulk_address(addr)
+            family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            sock = socket.socket(family, kind, proto)
+        except (OSError, AddressError):
+            self._fail(stream, now)
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        err = sock.connect_ex(sockaddr)
+        if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
+            sock.close()
+            self._fail(stream, now)
+            return
+        stream.sock, stream.connected = sock, err == 0
+        if stream.connected:
+            stream.backoff_s = 0.0
+
+    def _fail(self, stream: _OutStream, now: float) -> None:
+        """The bulk connection failed: close it, drop what was queued, re-dial later."""
+        if stream.sock is not None:
+            stream.sock.close()
+        stream.sock, stream.connected = None, False
+        self.transfers_abandoned += len(stream.queue)
+        stream.queue.clear()
+        cfg = self.config
+        stream.backoff_s = min(max(2 * stream.backoff_s, cfg.reconnect_ivl_ms / 1000), cfg.reconnect_ivl_max_ms / 1000)
+        stream.retry_at = now + stream.backoff_s
+
+    def _pump(self, addr: str, stream: _OutStream, now: float) -> None:
+        """Write queued large messages to ``addr`` until the socket would block."""
+        queue = stream.queue
+        while queue and now > queue[0].deadline:
+            if queue[0].started:  # a stream cannot skip half a message: start afresh
+                self._fail(stream, now)
+                return
+            queue.popleft()
+            self.transfers_abandoned += 1
+        if not queue:
+            return
+        if stream.sock is None:
+            if now < stream.retry_at:
+                self.transfers_abandoned += len(queue)
+                queue.clear()
+                return
+            self._dial(addr, stream, now)
+        if not stream.connected:
+            return
         while queue:
             head = queue[0]
-            if now > head.deadline:
-                queue.popleft()  # the receiver drops the partial transfer after its own timeout
-                self.transfers_abandoned += 1
-                continue
-            record = head.current if head.current is not None else next(head.records, None)
-            if record is None:
-                queue.popleft()
-                continue
+            part = head.parts[head.index]
             try:
-                sock.send_multipart(record, flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                head.current = record
+                sent = stream.sock.send(part[head.offset:])
+            except BlockingIOError:
                 return
-            head.current = None
-            self.bytes_sent += sum(_nbytes(f) for f in record)
+            except OSError:
+                self._fail(stream, now)
+                return
+            self.bytes_sent += sent
+            head.offset += sent
+            head.deadline = now + self.config.bulk.stall_timeout_s  # progress
+            if head.offset == part.nbytes:
+                head.index, head.offset = head.index + 1, 0
+                if head.index == len(head.parts):
+                    queue.popleft()
 
     def pump(self, now: float) -> None:
-        """Continue every transfer in progress (call on each loop iteration)."""
-        for addr in [a for a, q in self._pending.items() if q]:
-            self._pump(addr, now)
+        """Continue every transfer in progress (``receive`` calls it)."""
+        for addr, stream in self._out.items():
+            if stream.queue:
+                self._pump(addr, stream, now)
 
     def reply(self, identity: bytes, frames: list) -> bool:
         """Answer a client on the ROUTER connection its request came in on."""
@@ -190,96 +294,149 @@ class Transport:
     # -- receiving ------------------------------------------------------------------------
     def receive(self, timeout_s: float, now: float, max_messages: int = 64) -> list[Incoming]:
         """Wait up to ``timeout_s`` for traffic; return complete messages (or rejections)."""
-        writers = [self._bulk[a] for a, q in self._pending.items() if q and a in self._bulk]
-        for sock in writers:
-            self.poller.register(sock, zmq.POLLOUT)
-        try:
+        writers = [st for st in self._out.values() if st.queue and st.sock is not None]
+        for st in writers:
+            self.poller.register(st.sock, zmq.POLLOUT)
+        try:  # (ZeroMQ sockets come back as themselves, plain sockets as their file descriptors)
             events = dict(self.poller.poll(max(0, int(timeout_s * 1000))))
         finally:
-            for sock in writers:
-                self.poller.unregister(sock)
+            for st in writers:
+                self.poller.unregister(st.sock)
+        for st in writers:
+            if not st.connected and events.get(st.sock.fileno(), 0):
+                if st.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                    self._fail(st, now)
+                else:
+                    st.connected, st.backoff_s = True, 0.0
         if writers:
             self.pump(now)
         out: list[Incoming] = []
-        if not events.get(self.router, 0) & zmq.POLLIN:
-            return out
-        while len(out) < max_messages:
-            try:
-                identity = self.router.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            incoming = self._receive_one(identity, now)
-            if incoming is not None:
-                out.append(incoming)
+        if events.get(self.listener.fileno(), 0) & zmq.POLLIN:
+            self._accept(now)
+        for sock, stream in list(self._in.items()):
+            if events.get(sock.fileno(), 0) & zmq.POLLIN:
+                self._read(stream, now, out)
+        if events.get(self.router, 0) & zmq.POLLIN:
+            while len(out) < max_messages:
+                try:
+                    identity = self.router.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                out.append(self._receive_one(identity))
         return out
+
+    def _accept(self, now: float) -> None:
+        while True:
+            try:
+                sock, peer = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # e.g. out of file descriptors: try again on the next event
+                return
+            if len(self._in) >= self.config.bulk.max_connections and not self._evict_idle():
+                sock.close()
+                self.connections_refused += 1
+                continue
+            sock.setblocking(False)
+            reader = StreamReader(self.pool, self.config.max_message_bytes, self.config.bulk.max_header_bytes, now)
+            self._in[sock] = _InStream(sock, reader, f"tcp:{peer[0]}:{peer[1]}".encode())
+            self.poller.register(sock, zmq.POLLIN)
+
+    def _evict_idle(self) -> bool:
+        """Make room for a new inbound connection by closing the one idle longest (a peer that
+        vanished without closing leaves its connection open); False if all are mid-message."""
+        idle = [st for st in self._in.values() if not st.reader.mid_message()]
+        if not idle:
+            return False
+        self._close_in(min(idle, key=lambda st: st.reader.last_progress))
+        return True
+
+    def _close_in(self, stream: _InStream) -> None:
+        self.poller.unregister(stream.sock)
+        stream.sock.close()
+        del self._in[stream.sock]
+
+    def _read(self, stream: _InStream, now: float, out: list[Incoming]) -> None:
+        """Read what the connection has (level-triggered: the rest comes on the next poll)."""
+        reader = stream.reader
+        while True:
+            try:
+                got = stream.sock.recv_into(reader.target())
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                got = 0
+            if got == 0:  # closed (or reset) by the sender: a peer that left, not a bad message
+                self.transfers_abandoned += reader.mid_message()
+                self._close_in(stream)
+                return
+            self.bytes_received += got
+            try:
+                frames = reader.advance(got, now)
+            except RemoteProtocolError as exc:
+                out.append(Incoming(stream.identity, None, exc))
+                self._close_in(stream)
+                return
+            if frames is not None:
+                self.messages_received += 1
+                if reader.non_finite:
+                    self.pool.release(frames)
+                    out.append(Incoming(stream.identity, None,
+                                        RemoteProtocolError("non_finite", "a tensor carries NaN or Inf")))
+                else:
+                    out.append(Incoming(stream.identity, frames, finite_checked=reader.finite_checked))
+                return  # one message per connection per call: other traffic gets its turn
 
     def _more(self) -> bool:
         return bool(self.router.getsockopt(zmq.RCVMORE))
 
-    def _drain(self) -> None:
+    def _receive_one(self, identity: bytes) -> Incoming:
+        frames = []
         while self._more():
             frame = self.router.recv(copy=False)
             self.bytes_received += len(frame)
-
-    def _receive_one(self, identity: bytes, now: float) -> Optional[Incoming]:
-        if not self._more():
+            frames.append(frame)
+        if not frames:
             return Incoming(identity, None, RemoteProtocolError("malformed", "empty message"))
-        first = self.router.recv(copy=False)
-        self.bytes_received += len(first)
-        head = bytes(first.buffer[:32])
-        kind = kind_of(head) if len(first) <= 32 else "message"
-        try:
-            if kind == "chunk":
-                key, target = self.reassembler.chunk_target(identity, head, now)
-                if not self._more():
-                    raise RemoteProtocolError("malformed", "chunk without payload")
-                nbytes = self.router.recv_into(target)
-                self.bytes_received += nbytes
-                self._drain()
-                frames = self.reassembler.chunk_done(key, nbytes)
-                if frames is None:
-                    return None
-                self.messages_received += 1
-                return Incoming(identity, frames)
-            rest = []
-            while self._more():
-                frame = self.router.recv(copy=False)
-                self.bytes_received += len(frame)
-                rest.append(frame)
-            if kind == "start":
-                if len(rest) != 2:
-                    raise RemoteProtocolError("malformed", "bulk start record")
-                self.reassembler.start(identity, head, rest[0].bytes, rest[1].bytes, now)
-                return None
-            self.messages_received += 1
-            return Incoming(identity, [first, *rest])
-        except RemoteProtocolError as exc:
-            self._drain()
-            return Incoming(identity, None, exc)
+        self.messages_received += 1
+        return Incoming(identity, frames)
 
     def done(self, incoming: Incoming) -> None:
-        """The message has been handled: its reassembly buffer may be reused."""
+        """The message has been handled: its receive buffer may be reused."""
         if incoming.frames is not None:
-            self.reassembler.release(incoming.frames)
+            self.pool.release(incoming.frames)
 
     # -- housekeeping ---------------------------------------------------------------------
     def housekeeping(self, now: float, keep: Iterable[str] = ()) -> None:
         """Drop stalled inbound transfers; close sockets to peers idle for ``idle_close_s``."""
-        self.reassembler.expire(now)
+        stall = self.config.bulk.stall_timeout_s
+        for stream in list(self._in.values()):
+            if stream.reader.mid_message() and now - stream.reader.last_progress > stall:
+                self.transfers_abandoned += 1
+                self._close_in(stream)
         keep = set(keep)
         for addr, last in list(self._last_used.items()):
-            if addr not in keep and now - last > self.config.idle_close_s and not self._pending.get(addr):
-                for table in (self._control, self._bulk):
-                    sock = table.pop(addr, None)
-                    if sock is not None:
-                        sock.close(linger=0)
-                self._pending.pop(addr, None)
+            out = self._out.get(addr)
+            if addr not in keep and now - last > self.config.idle_close_s and not (out and out.queue):
+                sock = self._control.pop(addr, None)
+                if sock is not None:
+                    sock.close(linger=0)
+                if out is not None and out.sock is not None:
+                    out.sock.close()
+                self._out.pop(addr, None)
                 del self._last_used[addr]
 
     def close(self, linger_s: Optional[float] = None) -> None:
         linger = 0 if linger_s is None else int(linger_s * 1000)
-        for table in (self._control, self._bulk):
-            for sock in table.values():
-                sock.close(linger=linger)
-            table.clear()
+        for sock in self._control.values():
+            sock.close(linger=linger)
+        self._control.clear()
+        for stream in self._out.values():
+            if stream.sock is not None:
+                stream.sock.close()
+        self._out.clear()
+        for stream in list(self._in.values()):
+            stream.sock.close()
+        self._in.clear()
+        self.listener.close()
         self.router.close(linger=0)

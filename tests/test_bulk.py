@@ -1,142 +1,149 @@
-"""Chunked transfers: reassembly limits (pure) and the real transport over loopback."""
+"""Large messages on the bulk TCP stream: the reader's framing and limits (pure), and the real
+transport over loopback."""
 
+import random
+import socket
+import struct
 import time
+from dataclasses import replace
 
-import msgpack
 import numpy as np
 import pytest
 
 from p2p.averaging.adpsgd import AvgRequest
-from p2p.bulk import BulkConfig, Reassembler, chunk_records, kind_of, start_record
+from p2p.bulk import MAGIC, BufferPool, StreamReader, stream_parts
 from p2p.control import StatusRequest
 from p2p.protocol import RemoteProtocolError
 from p2p.swarm import free_ports
 from p2p.transport import Transport, TransportConfig
-from p2p.wire import decode, encode
+from p2p.bulk import BulkConfig
+from p2p.wire import DEFAULT_LIMITS, decode, encode
 
-CFG = BulkConfig(threshold_bytes=1024, chunk_bytes=1000, max_transfers_per_sender=2, stall_timeout_s=5.0)
+
+def wire_bytes(msg, transfer_id=1) -> bytes:
+    return b"".join(bytes(p) for p in stream_parts(transfer_id, encode(msg, "a:1")))
 
 
-def feed(reassembler, sender, records, now=0.0):
-    """Deliver records as the transport would; return completed frames."""
-    done = []
-    for record in records:
-        first = bytes(record[0])
-        if kind_of(first) == "start":
-            reassembler.start(sender, first, bytes(record[1]), bytes(record[2]), now)
-            continue
-        key, target = reassembler.chunk_target(sender, first, now)
-        payload = bytes(record[1])
-        target[:len(payload)] = payload
-        frames = reassembler.chunk_done(key, len(payload))
+def feed(reader, data: bytes, rng=None, now=0.0):
+    """Deliver ``data`` as a socket would, in pieces of random size; return completed frames."""
+    rng = rng or random.Random(0)
+    done, pos = [], 0
+    while pos < len(data):
+        target = reader.target()
+        n = min(len(target), len(data) - pos, rng.randint(1, 70_000))
+        target[:n] = data[pos:pos + n]
+        pos += n
+        frames = reader.advance(n, now)
         if frames is not None:
             done.append(frames)
     return done
 
 
-def records_for(msg, transfer_id=1, chunk=1000):
-    frames = encode(msg, "a:1")
-    return [start_record(transfer_id, frames), *chunk_records(transfer_id, frames, chunk)]
+def reader(pool=None, max_message_bytes=1 << 24, max_header_bytes=1 << 16):
+    return StreamReader(pool or BufferPool(4), max_message_bytes, max_header_bytes, 0.0)
 
 
-def test_reassembled_message_decodes_to_the_original():
-    params = np.random.default_rng(0).standard_normal(2500).astype(np.float32)
-    r = Reassembler(CFG, max_message_bytes=1 << 20)
-    (frames,) = feed(r, b"s", records_for(AvgRequest(7, 3, "k", params)))
+def test_messages_split_anywhere_reassemble_and_decode_to_the_originals():
+    rng = np.random.default_rng(0)
+    params = [rng.standard_normal(n).astype(np.float32) for n in (2500, 70_000, 1)]
+    data = b"".join(wire_bytes(AvgRequest(i, 3, "k", p), transfer_id=i) for i, p in enumerate(params))
+    r = reader()
+    got = feed(r, data)
+    assert len(got) == 3 and not r.mid_message()
+    for i, (frames, p) in enumerate(zip(got, params)):
+        _, msg = decode(frames)
+        assert msg.exchange == i and np.array_equal(msg.params, p)
+
+
+def test_a_message_of_empty_tensors_is_delivered_without_payload():
+    (frames,) = feed(reader(), wire_bytes(AvgRequest(1, 0, "k", np.empty(0, np.float32))))
     _, msg = decode(frames)
-    assert msg.exchange == 7 and np.array_equal(msg.params, params)
-    assert r.open_transfers() == 0
+    assert msg.params.size == 0
 
 
 def test_buffers_are_reused_only_when_nothing_holds_them():
+    pool = BufferPool(4)
+    r = reader(pool)
     params = np.ones(2500, dtype=np.float32)
-    r = Reassembler(CFG, max_message_bytes=1 << 20)
-    (frames,) = feed(r, b"s", records_for(AvgRequest(1, 0, "k", params)))
+    (frames,) = feed(r, wire_bytes(AvgRequest(1, 0, "k", params)))
     _, kept = decode(frames)  # a protocol object keeps the message
     first_buffer = id(frames[1].obj)
-    r.release(frames)
-    (frames2,) = feed(r, b"s", records_for(AvgRequest(2, 0, "k", params * 2), transfer_id=2))
+    pool.release(frames)
+    (frames2,) = feed(r, wire_bytes(AvgRequest(2, 0, "k", params * 2)))
     assert id(frames2[1].obj) != first_buffer  # still referenced: not reused
     assert np.array_equal(kept.params, params)  # and not overwritten
     del kept
     buffer2 = id(frames2[1].obj)
-    r.release(frames2)
-    (frames3,) = feed(r, b"s", records_for(AvgRequest(3, 0, "k", params), transfer_id=3))
+    pool.release(frames2)
+    (frames3,) = feed(r, wire_bytes(AvgRequest(3, 0, "k", params)))
     assert id(frames3[1].obj) == buffer2  # nothing held it: reused, no fresh page faults
 
 
-def test_limits_are_enforced_before_payload_arrives():
-    r = Reassembler(CFG, max_message_bytes=5000)
-    big = records_for(AvgRequest(1, 0, "k", np.ones(2000, dtype=np.float32)))
-    with pytest.raises(RemoteProtocolError) as info:
-        feed(r, b"s", big[:1])
-    assert info.value.reason == "oversized"
-    small = [records_for(AvgRequest(i, 0, "k", np.ones(500, dtype=np.float32)), transfer_id=i)[0] for i in (1, 2, 3)]
-    feed(r, b"s", small[:2])
-    with pytest.raises(RemoteProtocolError) as info:
-        feed(r, b"s", small[2:])
-    assert info.value.reason == "too_many_transfers"
-    feed(r, b"other", small[2:])  # the limit is per sender
+def _prefix(header_len, count, magic=MAGIC):
+    return struct.pack("!4sQIH", magic, 1, header_len, count)
 
 
-@pytest.mark.parametrize("mutate, reason", [
-    (lambda recs: recs[1:], "unknown_transfer"),  # chunk without a start
-    (lambda recs: [recs[0], recs[2]], "malformed"),  # a chunk skipped
-    (lambda recs: [recs[0], recs[0]], "malformed"),  # started twice
-    (lambda recs: [[recs[0][0], recs[0][1], b"\xc1"]], "malformed"),  # garbage size list
-    (lambda recs: [[recs[0][0], recs[0][1], msgpack.packb([-1])]], "malformed"),
-    (lambda recs: [[recs[0][0], recs[0][1], msgpack.packb([0])]], "malformed"),
+@pytest.mark.parametrize("data, reason", [
+    (_prefix(10, 1, magic=b"HTTP"), "malformed"),  # not our stream
+    (_prefix(0, 1), "malformed"),  # no header
+    (_prefix(1 << 17, 1), "oversized"),  # header over the limit
+    (_prefix(10, 16), "oversized"),  # more tensor frames than a message may have
 ])
-def test_malformed_transfers_are_rejected(mutate, reason):
-    r = Reassembler(CFG, max_message_bytes=1 << 20)
-    recs = records_for(AvgRequest(1, 0, "k", np.ones(2500, dtype=np.float32)))
-    with pytest.raises(RemoteProtocolError) as info:
-        feed(r, b"s", mutate(recs))
-    assert info.value.reason == reason
+def test_bad_prefixes_are_rejected_before_anything_else_is_read(data, reason):
+    r = reader()
+    with pytest.raises(RemoteProtocolError) as err:
+        feed(r, data)
+    assert err.value.reason == reason
 
 
-def test_chunk_running_past_the_end_is_rejected():
-    r = Reassembler(CFG, max_message_bytes=1 << 20)
-    recs = records_for(AvgRequest(1, 0, "k", np.ones(250, dtype=np.float32)))
-    feed(r, b"s", recs[:1])
-    key, target = r.chunk_target(b"s", bytes(recs[1][0]), 0.0)
+def test_the_declared_size_is_checked_before_any_payload_arrives():
+    data = wire_bytes(AvgRequest(1, 0, "k", np.ones(2000, dtype=np.float32)))
+    meta_len = len(stream_parts(1, encode(AvgRequest(1, 0, "k", np.ones(2000, np.float32)), "a:1"))[0])
+    r = reader(max_message_bytes=5000)
+    with pytest.raises(RemoteProtocolError) as err:
+        feed(r, data[:meta_len])  # prefix and meta only
+    assert err.value.reason == "oversized"
+
+
+def test_garbage_in_the_header_frame_is_caught_by_decode():
+    header = b"\xc1" * 10  # not msgpack
+    data = _prefix(len(header), 1) + header + struct.pack("!Q", 8) + bytes(8)
+    (frames,) = feed(reader(), data)
     with pytest.raises(RemoteProtocolError):
-        r.chunk_done(key, len(target) + 1)  # zmq reports the full size of a truncated chunk
+        decode(frames)
 
 
-def test_stalled_transfers_expire():
-    r = Reassembler(CFG, max_message_bytes=1 << 20)
-    recs = records_for(AvgRequest(1, 0, "k", np.ones(2500, dtype=np.float32)))
-    feed(r, b"s", recs[:2], now=0.0)
-    assert r.expire(now=4.0) == 0 and r.expire(now=6.0) == 1 and r.open_transfers() == 0
+# -- over real sockets --------------------------------------------------------------------------
 
-
-def receive_until(transport, count, timeout_s=10.0):
+def exchange(a, b, count, timeout_s=10.0):
     got, deadline = [], time.monotonic() + timeout_s
     while len(got) < count and time.monotonic() < deadline:
-        got += transport.receive(0.1, time.monotonic())
+        a.receive(0.0, time.monotonic())  # the sender's loop pumps its bulk streams
+        got += b.receive(0.05, time.monotonic())
     return got
 
 
 def test_large_and_small_messages_over_real_sockets():
     a_port, b_port = free_ports(2)
     a_addr, b_addr = f"127.0.0.1:{a_port}", f"127.0.0.1:{b_port}"
-    config = TransportConfig(bulk=BulkConfig(chunk_bytes=64 * 1024))
-    a, b = Transport(config, a_addr), Transport(config, b_addr)
+    a, b = Transport(TransportConfig(), a_addr), Transport(TransportConfig(), b_addr)
     try:
         params = np.random.default_rng(1).standard_normal(1_000_000).astype(np.float32)  # 4 MB
-        now = time.monotonic()
-        assert a.send(b_addr, encode(AvgRequest(1, 0, "k", params), a_addr), now)
-        assert a.send(b_addr, encode(StatusRequest(), a_addr), now)
         got = []
-        deadline = time.monotonic() + 10
-        while len(got) < 2 and time.monotonic() < deadline:
-            a.pump(time.monotonic())
-            got += b.receive(0.05, time.monotonic())
-        assert len(got) == 2 and all(g.error is None for g in got)
-        messages = {type(decode(g.frames)[1]).__name__: decode(g.frames)[1] for g in got}
-        assert np.array_equal(messages["AvgRequest"].params, params)
-        assert b.bytes_received >= params.nbytes and a.bytes_sent >= params.nbytes
+        for i in range(3):  # at most two queued per peer: the third waits for room
+            deadline = time.monotonic() + 10
+            while not a.send(b_addr, encode(AvgRequest(i, 0, "k", params * i), a_addr), time.monotonic()):
+                assert time.monotonic() < deadline
+                got += exchange(a, b, 1, timeout_s=0.05)
+        assert a.send(b_addr, encode(StatusRequest(), a_addr), time.monotonic())
+        got += exchange(a, b, 4 - len(got))
+        assert len(got) == 4 and all(g.error is None for g in got)
+        decoded = [decode(g.frames)[1] for g in got]
+        requests = sorted((m for m in decoded if isinstance(m, AvgRequest)), key=lambda m: m.exchange)
+        assert [m.exchange for m in requests] == [0, 1, 2]
+        for m in requests:
+            assert np.array_equal(m.params, params * m.exchange)
+        assert b.bytes_received >= 3 * params.nbytes and a.bytes_sent >= 3 * params.nbytes
     finally:
         a.close()
         b.close()
@@ -144,11 +151,163 @@ def test_large_and_small_messages_over_real_sockets():
 
 def test_pending_large_messages_per_peer_are_bounded():
     a_port, silent = free_ports(2)
-    a = Transport(TransportConfig(bulk=BulkConfig(max_pending_per_peer=2, chunk_bytes=65536)), f"127.0.0.1:{a_port}")
+    never_reads = socket.socket()  # a peer that accepts the connection but never reads
+    never_reads.bind(("127.0.0.1", silent + 1))
+    never_reads.listen(1)
+    a = Transport(TransportConfig(bulk=BulkConfig(max_pending_per_peer=2)), f"127.0.0.1:{a_port}")
     try:
-        big = encode(AvgRequest(1, 0, "k", np.ones(4_000_000, dtype=np.float32)), "a:1")
-        results = [a.send(f"127.0.0.1:{silent}", big, 0.0) for _ in range(5)]
+        big = encode(AvgRequest(1, 0, "k", np.ones(16_000_000, dtype=np.float32)), "a:1")  # 64 MB
+        now = time.monotonic()
+        first = a.send(f"127.0.0.1:{silent}", big, now)
+        deadline = time.monotonic() + 5
+        while a.bytes_sent == 0 and time.monotonic() < deadline:  # connected, writing until TCP's window is full
+            a.receive(0.05, time.monotonic())
+        results = [first] + [a.send(f"127.0.0.1:{silent}", big, time.monotonic()) for _ in range(4)]
         assert results == [True, True, False, False, False]
-        assert a.send_drops == 3
+        assert a.send_drops == 3 and 0 < a.bytes_sent < len(big[1])
     finally:
         a.close()
+        never_reads.close()
+
+
+def test_a_sender_vanishing_mid_message_or_sending_garbage_is_dropped_and_the_next_connection_works():
+    (b_port,) = free_ports(1)
+    b_addr = f"127.0.0.1:{b_port}"
+    b = Transport(TransportConfig(), b_addr)
+    try:
+        data = wire_bytes(AvgRequest(1, 0, "k", np.ones(100_000, dtype=np.float32)))
+        with socket.create_connection(("127.0.0.1", b_port + 1)) as half:
+            half.sendall(data[: len(data) // 2])
+        garbage = socket.create_connection(("127.0.0.1", b_port + 1))
+        garbage.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        got = []
+        deadline = time.monotonic() + 5
+        while (not got or not b.transfers_abandoned) and time.monotonic() < deadline:
+            got += b.receive(0.05, time.monotonic())
+        assert [str(g.error) for g in got] == ["malformed: bulk stream: bad magic"]  # counted as rejected
+        assert b.transfers_abandoned == 1  # the half message: a peer that went away, not a bad message
+        garbage.close()
+        with socket.create_connection(("127.0.0.1", b_port + 1)) as whole:
+            whole.sendall(data)
+            got = []
+            deadline = time.monotonic() + 5
+            while not got and time.monotonic() < deadline:
+                got += b.receive(0.05, time.monotonic())
+        assert got[0].error is None and decode(got[0].frames)[1].exchange == 1
+    finally:
+        b.close()
+
+
+def test_stalled_inbound_transfers_are_dropped_by_housekeeping():
+    (b_port,) = free_ports(1)
+    b = Transport(TransportConfig(bulk=BulkConfig(stall_timeout_s=0.2)), f"127.0.0.1:{b_port}")
+    try:
+        data = wire_bytes(AvgRequest(1, 0, "k", np.ones(100_000, dtype=np.float32)))
+        with socket.create_connection(("127.0.0.1", b_port + 1)) as stalls:
+            stalls.sendall(data[:1000])
+            deadline = time.monotonic() + 5
+            while b.bytes_received < 1000 and time.monotonic() < deadline:
+                b.receive(0.05, time.monotonic())
+            b.housekeeping(time.monotonic())
+            assert b.transfers_abandoned == 0  # still within the stall timeout
+            b.housekeeping(time.monotonic() + 1.0)
+            assert b.transfers_abandoned == 1
+    finally:
+        b.close()
+
+
+def test_the_bulk_port_in_use_is_a_clear_error():
+    from p2p.transport import TransportError
+
+    (port,) = free_ports(1)
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port + 1))
+    holder.listen(1)
+    try:
+        with pytest.raises(TransportError, match=rf"127.0.0.1:{port + 1} .*address already in use"):
+            Transport(TransportConfig(), f"127.0.0.1:{port}")
+        Transport(TransportConfig(), f"127.0.0.1:{free_ports(1)[0]}").close()  # the ZeroMQ port is released
+    finally:
+        holder.close()
+
+
+# -- NaN/Inf checked as the bytes arrive -------------------------------------------------------
+
+@pytest.mark.parametrize("where", [0, 70_001, 199_999])
+def test_a_tensor_carrying_nan_or_inf_is_flagged_wherever_it_is(where):
+    params = np.ones(200_000, dtype=np.float32)  # 800 KB: several check pieces
+    params[where] = np.inf if where else np.nan
+    r = reader()
+    (frames,) = feed(r, wire_bytes(AvgRequest(1, 0, "k", params)))
+    assert r.non_finite and not r.finite_checked
+    (frames,) = feed(r, wire_bytes(AvgRequest(2, 0, "k", np.ones(200_000, np.float32))))
+    assert r.finite_checked and not r.non_finite  # flags are per message
+
+
+def test_unaligned_float_frames_after_int8_data_are_checked_too():
+    from p2p.averaging.adpsgd import AvgRequestQ
+    from p2p.compression import make_compressor
+    from p2p.compression.messages import compressed_fields
+
+    packed = compressed_fields(make_compressor("int8").compress(np.linspace(-1, 1, 100_003, dtype=np.float32)))
+    r = reader()
+    (frames,) = feed(r, wire_bytes(AvgRequestQ(**packed, exchange=1, step=0, model_key="k")))
+    assert r.finite_checked and len(frames[1]) % 4 != 0  # the scales start at an odd offset
+    _, msg = decode(frames, replace(DEFAULT_LIMITS, check_finite=False))
+    assert msg.numel == 100_003
+
+
+def test_an_unreadable_header_leaves_the_check_to_decode():
+    header = b"\xc1" * 10
+    r = reader()
+    feed(r, _prefix(len(header), 1) + header + struct.pack("!Q", 8) + struct.pack("!2f", np.nan, 1))
+    assert not r.finite_checked and not r.non_finite
+
+
+def test_the_transport_drops_non_finite_messages_and_marks_checked_ones():
+    a_port, b_port = free_ports(2)
+    a_addr, b_addr = f"127.0.0.1:{a_port}", f"127.0.0.1:{b_port}"
+    a, b = Transport(TransportConfig(), a_addr), Transport(TransportConfig(), b_addr)
+    try:
+        bad = np.ones(500_000, dtype=np.float32)
+        bad[123_456] = np.nan
+        assert a.send(b_addr, encode(AvgRequest(1, 0, "k", bad), a_addr), time.monotonic())
+        assert a.send(b_addr, encode(AvgRequest(2, 0, "k", np.ones_like(bad)), a_addr), time.monotonic())
+        rejected, good = exchange(a, b, 2)
+        assert rejected.error.reason == "non_finite" and rejected.frames is None
+        assert good.finite_checked
+        _, msg = decode(good.frames, good.limits(DEFAULT_LIMITS))
+        assert msg.exchange == 2 and good.limits(DEFAULT_LIMITS).check_finite is False
+        b.done(good)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_at_the_connection_limit_the_longest_idle_connection_makes_room():
+    (b_port,) = free_ports(1)
+    b = Transport(TransportConfig(bulk=BulkConfig(max_connections=2)), f"127.0.0.1:{b_port}")
+    conns = []
+    try:
+        for _ in range(3):  # peers that connected once and went silent
+            conns.append(socket.create_connection(("127.0.0.1", b_port + 1)))
+            deadline = time.monotonic() + 5
+            while len(b._in) < min(len(conns), 2) and time.monotonic() < deadline:
+                b.receive(0.05, time.monotonic())
+        mid = conns[-1]
+        mid.sendall(_prefix(10, 1))  # mid-message: never evicted
+        deadline = time.monotonic() + 5
+        while b.bytes_received == 0 and time.monotonic() < deadline:
+            b.receive(0.05, time.monotonic())
+        newest = socket.create_connection(("127.0.0.1", b_port + 1))
+        conns.append(newest)
+        want = {f"tcp:127.0.0.1:{c.getsockname()[1]}".encode() for c in (mid, newest)}
+        deadline = time.monotonic() + 5
+        while {st.identity for st in b._in.values()} != want and time.monotonic() < deadline:
+            b.receive(0.05, time.monotonic())
+        assert {st.identity for st in b._in.values()} == want  # an idle one made room; the busy one stayed
+        assert b.connections_refused == 0
+    finally:
+        for c in conns:
+            c.close()
+        b.close()
