@@ -386,8 +386,8 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
             equal = "—" if r.accuracy_at_equal_steps is None else f"{r.accuracy_at_equal_steps:.4f} ({r.equal_steps})"
             vs_ddp = ("—" if r.accuracy_at_equal_steps is None or ddp is None or ddp.accuracy_at_equal_steps is None
                       else f"{100 * (r.accuracy_at_equal_steps - ddp.accuracy_at_equal_steps):+.1f}")
-            fewer = ("—" if ddp is None or not r.bytes_to_target or ddp.bytes_to_target is None
-                     else f"{ddp.bytes_to_target / r.bytes_to_target:.0f}×")
+            fewer = ("—" if ddp is None or name == "compute_only" or not r.bytes_to_target
+                     or ddp.bytes_to_target is None else f"{ddp.bytes_to_target / r.bytes_to_target:.0f}×")
             lines.append(
                 f"| {rate} | {name} | {_fmt(r.time_to_target_s)} "
                 f"| {_ratio(r.time_to_target_s, co.time_to_target_s if co else None)} "

@@ -16,7 +16,7 @@ from typing import List, Optional
 import typer
 from typer.exceptions import TyperException
 
-from p2p.addresses import AddressError, parse_address
+from p2p.addresses import AddressError, bulk_address, parse_address
 
 app = typer.Typer(
     add_completion=False,
@@ -48,6 +48,8 @@ def _check_address(flag: str, value: str, *, allow_wildcard: bool = True) -> str
 ALGORITHM_NAMES = ("dpsgd", "adpsgd", "sgp", "elastic", "gossipgrad", "diloco", "choco")
 TOPOLOGY_NAMES = ("ring", "torus", "exponential", "one-peer-exponential", "hypercube", "random", "full")
 MEMBERSHIP_PRESETS = ("lan", "wan", "local")
+ROUND_TIMEOUT_S = 5.0  # per-step rounds (dpsgd, gossipgrad): a missing neighbour costs this per step
+DILOCO_ROUND_TIMEOUT_S = 60.0  # once per H steps; must cover a model's transfer on a slow link
 
 
 COMPRESSION_NAMES = ("none", "fp16", "bf16", "int8", "topk", "sign", "auto")
@@ -123,7 +125,7 @@ def start(
     membership: str = typer.Option("lan", help="Membership timer preset: lan, wan or local (fast, for one machine)."),
     avg_interval: float = typer.Option(0.05, help="Seconds between averaging exchanges."),
     exchange_timeout: float = typer.Option(2.0, help="Seconds before an unanswered exchange is dropped."),
-    round_timeout: float = typer.Option(5.0, help="Synchronous algorithms stop waiting for a missing neighbour after this."),
+    round_timeout: Optional[float] = typer.Option(None, help="Synchronous algorithms stop waiting for a missing neighbour after this (default: 5 s; diloco 60 s, its rounds move whole models)."),
     diloco_inner_steps: int = typer.Option(50, help="DiLoCo: local steps between outer synchronisations."),
     diloco_params_every: Optional[int] = typer.Option(None, help="DiLoCo: share the outer parameters every this many outer steps (default: 1; 8 with --compression)."),
     staleness_aware: bool = typer.Option(False, help="Down-weight partners whose models are many steps behind."),
@@ -145,6 +147,10 @@ def start(
     from p2p.task import Shard, TaskError, load_task
 
     _check_address("--listen", listen)
+    try:
+        bulk_address(listen)  # large messages use the next port
+    except AddressError as exc:
+        raise CliError(f"--listen: {exc}") from None
     if advertise is None:
         if parse_address(listen)[0] in ("0.0.0.0", "::", "*"):
             raise CliError("--listen on a wildcard address needs --advertise HOST:PORT that peers can dial")
@@ -167,6 +173,8 @@ def start(
     if topology is not None:
         _check_choice("--topology", topology, TOPOLOGY_NAMES)
     _check_choice("--membership", membership, MEMBERSHIP_PRESETS)
+    if round_timeout is None:  # DiLoCo's outer rounds move models (12 MB at 20 Mbit/s: 5 s)
+        round_timeout = DILOCO_ROUND_TIMEOUT_S if algorithm == "diloco" else ROUND_TIMEOUT_S
     _positive("--round-timeout", round_timeout)
     if diloco_inner_steps < 1:
         raise CliError(f"--diloco-inner-steps must be >= 1, got {diloco_inner_steps}")
@@ -261,7 +269,7 @@ def demo(
     topology: Optional[str] = typer.Option(None, help="Topology (default: the algorithm's own)."),
     compression: str = typer.Option("none", help="Tensor compression: " + ", ".join(COMPRESSION_NAMES) + "."),
     as_json: bool = typer.Option(False, "--json", help="Print only the summary, as one JSON object, on stdout."),
-    base_port: int = typer.Option(0, help="First port to use (0: pick free ports)."),
+    base_port: int = typer.Option(0, help="First port to use; peers take every other port, each also using the next one for large messages (0: pick free ports)."),
     live: bool = typer.Option(True, help="Show the live view on stderr."),
     keep_logs: Optional[str] = typer.Option(None, help="Directory to keep the peers' logs in."),
 ) -> None:
@@ -278,8 +286,8 @@ def demo(
         _check_choice("--topology", topology, TOPOLOGY_NAMES)
     _check_choice("--compression", compression, COMPRESSION_NAMES)
     _averaging_config(algorithm, topology, compression=compression)  # refuse what nodes would
-    if not 0 <= base_port < 65536 - peers:
-        raise CliError(f"--base-port must leave room for {peers} ports")
+    if not 0 <= base_port < 65536 - 2 * peers:
+        raise CliError(f"--base-port must leave room for {2 * peers} ports (each peer also uses the next port)")
     from p2p.averaging.registry import natural_topology
 
     config = DemoConfig(peers=peers, steps=steps, duration_s=duration, task=task, seed=seed,

@@ -29,6 +29,7 @@ def one_error_line(lines):
     (["--join", "127.0.0.1:7001"], "Missing option '--listen'"),
     (["--listen", "127.0.0.1"], "--listen"),
     (["--listen", "127.0.0.1:99999"], "port must be 1..65535"),
+    (["--listen", "127.0.0.1:65535"], "no room for the bulk port"),
     (["--listen", "0.0.0.0:7000"], "needs --advertise"),
     (["--listen", "127.0.0.1:7000", "--join", "nohost"], "--join"),
     (["--listen", "127.0.0.1:7000", "--shard", "5/4"], "--shard"),
