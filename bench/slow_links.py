@@ -31,7 +31,8 @@ Ratios in the table (time to target / compute-only's, / DDP's at the same rate) 
 one run only: the machine is shared, so compare within a run, never across runs.
 
     python bench/slow_links.py [--rates unlimited,1000mbit,100mbit,20mbit] [--peers 4]
-        [--task tinylm] [--steps N] [--methods p2p,ddp,compute_only] [--json] [--quick]
+        [--task tinylm] [--steps N] [--methods p2p-diloco-int8,ddp,compute_only] [--max-time 600]
+        [--json] [--quick]        (--methods p2p: every P2P_CONFIGS entry; the full default run: ~75 min)
 
 Writes bench/out/slow_links.md, bench/out/slow_links.png and bench/out/slow_links.json (the
 summary plus every curve); logs under bench/out/logs/. ``--json`` prints the summary as one
@@ -442,7 +443,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--peers", type=int, default=4)
     ap.add_argument("--task", default=None, help="default tinylm (synthetic with --quick)")
     ap.add_argument("--steps", type=int, default=None, help="per peer (default: per task)")
-    ap.add_argument("--methods", default="p2p,ddp,compute_only",
+    ap.add_argument("--methods", default="p2p-diloco-int8,ddp,compute_only",  # our best; "p2p": every config
                     help="comma-separated: p2p (every P2P_CONFIGS entry), a P2P_CONFIGS name, ddp, compute_only")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=float, default=None, help="seconds between evaluations")
@@ -476,7 +477,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     default_steps = DEFAULT_STEPS.get(task_name, int(getattr(task, "bench_steps", 1000)))
     steps = args.steps or (2000 if args.quick else default_steps)
     eval_every = args.eval_every or (1.0 if args.quick else DEFAULT_EVAL_EVERY.get(task_name, 2.0))
-    max_time = args.max_time or (150.0 if args.quick else 1800.0)
+    max_time = args.max_time or (150.0 if args.quick else 600.0)  # DDP at 20 Mbit/s needs hours for 1500 steps
     s = Settings(task_name, args.peers, steps, args.seed, eval_every, args.poll, max_time,
                  float(task.target_accuracy))
     reason = probe()
