@@ -64,6 +64,7 @@ def main(argv=None) -> None:
                   "tx_bytes": _common.iface_tx_bytes(args.iface)})
     _common.train(task, model, ddp, optimizer, stream(), args.steps, args.eval_every,
                   evaluate=args.rank == 0, iface=args.iface)
+    dist.barrier()  # rank 0 evaluates last: a rank tearing gloo down before it aborts ("terminate called")
     dist.destroy_process_group()
 
 

@@ -156,10 +156,10 @@ class StreamReader:
         if self._phase == "meta":
             return self._parse_meta()
         self._check()
-        return self._deliver()
+        return self._frames(memoryview(self._buf))
 
     def _parse_prefix(self) -> None:
-        magic, self.transfer_id, header_len, count = _PREFIX.unpack(self._buf)
+        magic, _transfer_id, header_len, count = _PREFIX.unpack(self._buf)  # the id is for the sender's logs
         if magic != MAGIC:
             raise RemoteProtocolError("malformed", "bulk stream: bad magic")
         if header_len == 0 or header_len > self.max_header_bytes:
@@ -208,9 +208,6 @@ class StreamReader:
                     self._bad = True
                     return
                 self._checked[i] += upto - begin
-
-    def _deliver(self) -> list:
-        return self._frames(memoryview(self._buf))
 
     def _frames(self, view: memoryview) -> list:
         frames: list = [self._header]

@@ -117,34 +117,31 @@ class LocalSwarm:
 
     def wait(self, timeout_s: Optional[float] = None) -> list[Optional[int]]:
         """Wait for every peer to exit on its own; returns exit codes (None: still running)."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        codes: list[Optional[int]] = []
-        for proc in self.procs:
-            if proc is None:
-                codes.append(None)
-                continue
-            try:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                codes.append(proc.wait(left))
-            except subprocess.TimeoutExpired:
-                codes.append(None)
-        return codes
+        return self._exit_codes(None if timeout_s is None else time.monotonic() + timeout_s, kill_late=False)
 
     def stop(self, timeout_s: float = 15.0) -> list[Optional[int]]:
         """SIGTERM every peer, wait, SIGKILL stragglers. Returns exit codes."""
         for i in range(len(self.procs)):
             self.kill(i, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
+        return self._exit_codes(time.monotonic() + timeout_s, kill_late=True)
+
+    def _exit_codes(self, deadline: Optional[float], kill_late: bool) -> list[Optional[int]]:
+        """Each peer's exit code once it exits by ``deadline``; after it, SIGKILL (``kill_late``)
+        or None."""
+        floor = 0.1 if kill_late else 0.0  # a last moment to exit before SIGKILL
         codes: list[Optional[int]] = []
         for proc in self.procs:
             if proc is None:
                 codes.append(None)
                 continue
             try:
-                codes.append(proc.wait(max(0.1, deadline - time.monotonic())))
+                codes.append(proc.wait(None if deadline is None else max(floor, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
-                proc.kill()
-                codes.append(proc.wait())
+                if kill_late:
+                    proc.kill()
+                    codes.append(proc.wait())
+                else:
+                    codes.append(None)
         return codes
 
     def __enter__(self) -> "LocalSwarm":

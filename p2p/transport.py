@@ -36,7 +36,7 @@ from typing import Iterable, Optional, Union
 
 import zmq
 
-from p2p.addresses import AddressError, bulk_address, to_endpoint
+from p2p.addresses import AddressError, bulk_address, parse_address, to_endpoint
 from p2p.bulk import BufferPool, BulkConfig, StreamReader, stream_parts
 from p2p.protocol import RemoteProtocolError
 from p2p.wire import Limits
@@ -141,10 +141,10 @@ class Transport:
             self.listener = _listen_socket(listen)
         except (OSError, AddressError) as exc:
             self.router.close()
-            host, port = listen.rpartition(":")[0], listen.rpartition(":")[2]
             why = "address already in use" if getattr(exc, "errno", None) == errno.EADDRINUSE else str(exc)
-            raise TransportError(f"cannot listen on {host}:{int(port) + 1} (large messages use the port after "
-                                 f"--listen's): {why}") from None
+            host, port = parse_address(listen)  # valid: the ROUTER bound it
+            raise TransportError(f"cannot listen on {host}:{port + 1} (large messages use the port after "
+                                 f"{listen}): {why}") from None
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.poller.register(self.listener, zmq.POLLIN)

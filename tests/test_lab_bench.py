@@ -18,6 +18,8 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 import _common  # noqa: E402
 import slow_links  # noqa: E402
+import slow_links_report  # noqa: E402
+import slow_links_runs  # noqa: E402
 
 PREFIX = f"p2pb{os.getpid() % 100000}"
 SUBNET = f"10.75.{os.getpid() % 250}.0/24"
@@ -40,14 +42,14 @@ def test_time_to_target_is_the_first_crossing(curve, target, expected):
 
 
 def test_methods_are_compared_at_the_fewest_steps_any_completed():
-    ddp = slow_links.Result("ddp", "100mbit", step_curve=[(100, 0.30), (250, 0.41), (300, 0.45)])
-    ours = slow_links.Result("p2p-x", "100mbit", step_curve=[(120, 0.31), (240, 0.40), (900, 0.6)])
-    idle = slow_links.Result("compute_only", "100mbit")  # nothing evaluated: left out
-    slow_links.compare_at_equal_steps({"ddp": ddp, "p2p-x": ours, "compute_only": idle})
+    ddp = slow_links_runs.Result("ddp", "100mbit", step_curve=[(100, 0.30), (250, 0.41), (300, 0.45)])
+    ours = slow_links_runs.Result("p2p-x", "100mbit", step_curve=[(120, 0.31), (240, 0.40), (900, 0.6)])
+    idle = slow_links_runs.Result("compute_only", "100mbit")  # nothing evaluated: left out
+    slow_links_report.compare_at_equal_steps({"ddp": ddp, "p2p-x": ours, "compute_only": idle})
     assert ddp.equal_steps == ours.equal_steps == 300  # DDP stopped first (--max-time)
     assert (ddp.accuracy_at_equal_steps, ours.accuracy_at_equal_steps) == (0.45, 0.40)
     assert idle.accuracy_at_equal_steps is None
-    assert slow_links.accuracy_at_step([(10, 0.5)], 5) is None
+    assert slow_links_report.accuracy_at_step([(10, 0.5)], 5) is None
 
 
 def test_bytes_to_target_is_read_at_the_first_sample_at_or_after_the_time():
@@ -58,7 +60,7 @@ def test_bytes_to_target_is_read_at_the_first_sample_at_or_after_the_time():
             return self.sent[i]
 
     lab = FakeLab()
-    sampler = slow_links.BytesSampler(lab, [0, 0], t0=0.0)
+    sampler = slow_links_runs.BytesSampler(lab, [0, 0], t0=0.0)
     sampler.curve = [(0.0, 0.0), (1.0, 10.0), (2.0, 30.0)]
     assert (sampler.at(0.5), sampler.at(2.0), sampler.at(9.0), sampler.at(None)) == (10.0, 30.0, 30.0, None)
 
@@ -74,20 +76,20 @@ def test_methods_expand_to_every_p2p_configuration_then_the_baselines():
 
 def test_progress_lines_of_a_node_are_parsed_as_they_grow(tmp_path):
     log = tmp_path / "peer0.log"
-    tail = slow_links.LogTail(log)
+    tail = slow_links_runs.LogTail(log)
     assert tail.lines() == []  # not created yet
     log.write_text("node 10.0.0.2:7000 listening on ...\n"
                    "training  step    120  loss 2.1000  acc 0.3125    3.1 step/s  neighbours 3  exchanges 4/4"
                    "  sent 1.0 MB  recv 1.0 MB  rejected 0\ntraining  step    1")
     lines = tail.lines()
     assert len(lines) == 2
-    match = slow_links._PROGRESS.match(lines[1])
+    match = slow_links_runs._PROGRESS.match(lines[1])
     assert match.groups() == ("training", "120", "0.3125")
     with open(log, "a") as fh:
         fh.write("30  loss 2.0  acc nan  x\ndone      step    130  loss 1.9  acc 0.3500  ...\n")
     first, last = tail.lines()
-    assert slow_links._PROGRESS.match(first).group(2) == "130"
-    assert slow_links._PROGRESS.match(last).groups() == ("done", "130", "0.3500")
+    assert slow_links_runs._PROGRESS.match(first).group(2) == "130"
+    assert slow_links_runs._PROGRESS.match(last).groups() == ("done", "130", "0.3500")
 
 
 @pytest.mark.parametrize("args, words", [(["--rates", "fast"], "rate 'fast'"),

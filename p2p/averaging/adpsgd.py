@@ -48,7 +48,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params, staleness_weight
+from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, ModelPort, check_params, decoded_params,
+                               staleness_weight)
 from p2p.bandwidth import BandwidthConfig, BandwidthMonitor
 from p2p.compression import Compressor, decompress, make_compressor
 from p2p.compression.messages import CompressedFields, compressed_fields
@@ -99,11 +100,7 @@ class AvgReplyQ(CompressedFields):
 def _received_params(msg: object, port: ModelPort) -> np.ndarray:
     """The partner's parameters from either message form, checked against our model."""
     if isinstance(msg, CompressedFields):
-        if msg.numel != port.numel:
-            raise RemoteProtocolError("bad_tensor", f"{msg.numel} parameters, want {port.numel}")
-        params = decompress(msg.payload(), port.numel)
-        check_params(params, msg.model_key, port)
-        return params
+        return decoded_params(msg, port)
     check_params(msg.params, msg.model_key, port)
     return msg.params
 

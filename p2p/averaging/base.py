@@ -14,6 +14,8 @@ from typing import Optional, Protocol, Sequence
 
 import numpy as np
 
+from p2p.compression import decompress
+from p2p.compression.messages import CompressedFields
 from p2p.protocol import RemoteProtocolError, Send
 
 
@@ -180,6 +182,16 @@ def staleness_weight(my_step: int, their_step: int, tau: float) -> float:
     fresher peer keeps more of itself), which gives up exact mean preservation: off by default."""
     staleness = my_step - their_step
     return 1.0 if staleness <= 0 else 1.0 / (1.0 + staleness / tau)
+
+
+def decoded_params(msg: CompressedFields, port: ModelPort) -> np.ndarray:
+    """A peer's compressed model-sized vector, decoded and checked against our model (its
+    size before decoding, so a wrong-sized payload is never expanded)."""
+    if msg.numel != port.numel:
+        raise RemoteProtocolError("bad_tensor", f"{msg.numel} parameters, want {port.numel}")
+    params = decompress(msg.payload(), port.numel)
+    check_params(params, msg.model_key, port)
+    return params
 
 
 def check_params(params: np.ndarray, model_key: str, port: ModelPort) -> None:

@@ -62,7 +62,7 @@ from typing import Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params, decoded_params
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.compression import compressor_from_config, decompress
 from p2p.compression.messages import CompressedFields, compressed_fields
@@ -237,10 +237,7 @@ class DiLoCo(AsynchronousHooks):
             check_params(msg.delta, msg.model_key, self.port)
             delta = msg.delta
         elif isinstance(msg, OuterShareQ):
-            if msg.numel != self.port.numel:
-                raise RemoteProtocolError("bad_tensor", f"{msg.numel} parameters, want {self.port.numel}")
-            delta = decompress(msg.payload(), self.port.numel)
-            check_params(delta, msg.model_key, self.port)
+            delta = decoded_params(msg, self.port)
         else:
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a DiLoCo message")
         params = _received_params(msg.params, msg.model_key, self.port)

@@ -31,20 +31,20 @@ def per_element(per_block: np.ndarray, lo: int, hi: int, block: int) -> np.ndarr
     return np.repeat(per_block[lo // block:nblocks(hi, block)], block)[: hi - lo]
 
 
-def block_absmax(x: np.ndarray, block: int) -> np.ndarray:
+def _block_reduce(x: np.ndarray, block: int, reduce: np.ufunc) -> np.ndarray:
     out = np.empty(nblocks(x.size, block), dtype=np.float32)
     for lo, hi in spans(x.size, block):
         starts = np.arange(0, hi - lo, block)
-        out[lo // block: lo // block + starts.size] = np.maximum.reduceat(np.abs(x[lo:hi]), starts)
+        out[lo // block: lo // block + starts.size] = reduce.reduceat(np.abs(x[lo:hi]), starts)
     return out
+
+
+def block_absmax(x: np.ndarray, block: int) -> np.ndarray:
+    return _block_reduce(x, block, np.maximum)
 
 
 def block_abssum(x: np.ndarray, block: int) -> np.ndarray:
-    out = np.empty(nblocks(x.size, block), dtype=np.float32)
-    for lo, hi in spans(x.size, block):
-        starts = np.arange(0, hi - lo, block)
-        out[lo // block: lo // block + starts.size] = np.add.reduceat(np.abs(x[lo:hi]), starts)
-    return out
+    return _block_reduce(x, block, np.add)
 
 
 _U32_MAG = np.uint32(0x7FFFFFFF)

@@ -1,0 +1,236 @@
+"""Running one method of the slow-links benchmark in one lab, and what a run yields.
+
+``run_p2p`` starts real ``p2p start`` nodes in the lab's namespaces and follows their
+progress lines; ``run_workers`` runs DDP ranks (bench/ddp_worker.py) or compute-only workers
+(bench/compute_only.py) and reads their JSON lines. Both sample each peer's link counter over
+time (``BytesSampler``) and return a ``Result``; the definitions are in bench/slow_links.py.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common  # noqa: E402  (puts the repository on sys.path)
+
+from p2p.lab import Lab, LabSwarm  # noqa: E402
+
+BENCH = Path(__file__).resolve().parent
+P2P_PORT, DDP_PORT = 7000, 29500
+
+
+@dataclass
+class Result:
+    method: str
+    rate: str
+    time_to_target_s: Optional[float] = None
+    bytes_per_peer: Optional[float] = None
+    final_accuracy: Optional[float] = None
+    steps: int = 0
+    train_time_s: Optional[float] = None
+    status: str = "ok"  # ok | max-time | failed: ...
+    bytes_to_target: Optional[float] = None  # mean over peers of bytes sent up to time_to_target_s
+    accuracy_at_equal_steps: Optional[float] = None  # at the steps DDP reached too (see equal_steps)
+    equal_steps: Optional[int] = None
+    bytes_each: list[int] = field(default_factory=list)
+    curve: list[tuple[float, float]] = field(default_factory=list)  # (s since launch, mean acc)
+    step_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, mean acc)
+    bytes_curve: list[tuple[float, float]] = field(default_factory=list)  # (s, mean bytes sent per peer)
+
+    def summary(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key in ("curve", "step_curve", "bytes_curve"):
+            d.pop(key)
+        return d
+
+
+@dataclass(frozen=True)
+class Settings:
+    task: str
+    peers: int
+    steps: int
+    seed: int
+    eval_every: float
+    poll: float
+    max_time: float
+    target: float
+
+
+# -- running one method in one lab ------------------------------------------------------------
+
+def _stop(procs: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+# A node's progress line (p2p/node.py): "<phase> step N  loss L  acc A  ..."; the last is "done".
+_PROGRESS = re.compile(r"^(\w+)\s+step\s+(\d+)\s+loss\s+\S+\s+acc\s+(\S+)")
+
+
+class LogTail:
+    """New complete lines of a growing log file, each time ``lines()`` is called."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        *complete, self.partial = (self.partial + data).split(b"\n")
+        return [line.decode(errors="replace") for line in complete]
+
+
+def run_p2p(lab: Lab, name: str, extra: list[str], s: Settings, log_dir: Path) -> Result:
+    """One p2p configuration. Progress comes from the nodes' own progress lines (every
+    ``--poll`` seconds, timestamped when read), not from status queries: a busy node can take
+    seconds to answer those, and they would add traffic to the shaped links."""
+    res = Result(name, lab.rate or "unlimited")
+    node_args = ["--task", s.task, "--steps", str(s.steps), "--seed", str(s.seed),
+                 "--eval-every", str(s.eval_every), "--log-every", str(s.poll), "--linger", "0",
+                 "--join-timeout", "120", *extra]
+    per_peer = [["--shard", f"{i}/{s.peers}"] for i in range(s.peers)]
+    swarm = LabSwarm(lab, log_dir, node_args, port=P2P_PORT, per_peer_args=per_peer)
+    tails = [LogTail(log_dir / f"peer{i}.log") for i in range(s.peers)]
+    series: list[list[tuple[float, float]]] = [[] for _ in range(s.peers)]
+    by_step: list[list[tuple[int, float]]] = [[] for _ in range(s.peers)]
+    steps = [0] * s.peers
+    finished: list[Optional[float]] = [None] * s.peers
+    tx0 = [lab.tx_bytes(i) for i in range(s.peers)]
+    t0 = time.time()
+    sent = BytesSampler(lab, tx0, t0)
+
+    def read(now: float) -> None:
+        for i, tail in enumerate(tails):
+            for line in tail.lines():
+                match = _PROGRESS.match(line.strip())
+                if not match:
+                    continue
+                steps[i] = max(steps[i], int(match.group(2)))
+                acc = float(match.group(3))
+                if not math.isnan(acc) and (not series[i] or series[i][-1][1] != acc or match.group(1) == "done"):
+                    series[i].append((now, acc))
+                    by_step[i].append((steps[i], acc))
+                if finished[i] is None and steps[i] >= s.steps:
+                    finished[i] = now
+
+    try:
+        swarm.start()
+        while any(swarm.alive(i) for i in range(s.peers)):
+            time.sleep(s.poll / 2)
+            read(time.time() - t0)
+            sent.sample()
+            if time.time() - t0 > s.max_time:
+                res.status = "max-time"
+                break
+    finally:
+        codes = swarm.stop(timeout_s=20.0)
+    read(time.time() - t0)
+    if res.status == "ok" and any(c != 0 for c in codes):
+        res.status = f"failed: exit codes {codes} (logs in {log_dir})"
+    _finish(res, lab, sent, series, by_step, steps, finished, s)
+    return res
+
+
+class BytesSampler:
+    """Mean bytes per peer put on the links since launch, sampled over time (for bytes to target)."""
+
+    def __init__(self, lab: Lab, tx0: list[int], t0: float) -> None:
+        self.lab, self.tx0, self.t0 = lab, tx0, t0
+        self.curve: list[tuple[float, float]] = [(0.0, 0.0)]
+
+    def sample(self) -> None:
+        total = sum(self.lab.tx_bytes(i) - b for i, b in enumerate(self.tx0))
+        self.curve.append((round(time.time() - self.t0, 3), total / len(self.tx0)))
+
+    def at(self, t: Optional[float]) -> Optional[float]:
+        """Bytes per peer at the first sample at or after ``t``."""
+        if t is None:
+            return None
+        return next((b for ts, b in self.curve if ts >= t), self.curve[-1][1])
+
+
+def run_workers(lab: Lab, method: str, s: Settings, log_dir: Path) -> Result:
+    res = Result(method, lab.rate or "unlimited")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    tx0 = [lab.tx_bytes(i) for i in range(s.peers)]
+    t0 = time.time()
+    sent = BytesSampler(lab, tx0, t0)
+    try:
+        for i in range(s.peers):
+            if method == "ddp":
+                argv = [sys.executable, str(BENCH / "ddp_worker.py"), "--rank", str(i), "--world", str(s.peers),
+                        "--master", f"{lab.addr(0)}:{DDP_PORT}"]
+            else:
+                argv = [sys.executable, str(BENCH / "compute_only.py"), "--shard", f"{i}/{s.peers}"]
+            argv += ["--task", s.task, "--steps", str(s.steps), "--seed", str(s.seed),
+                     "--eval-every", str(s.eval_every)]
+            with open(log_dir / f"peer{i}.log", "wb") as out:
+                procs.append(lab.popen(i, argv, stdout=out, stderr=subprocess.STDOUT, env=env))
+        while any(p.poll() is None for p in procs):
+            if time.time() - t0 > s.max_time:
+                res.status = "max-time"
+                break
+            time.sleep(0.5)
+            sent.sample()
+    finally:
+        _stop(procs)
+    codes = [p.returncode for p in procs]
+    if res.status == "ok" and any(c != 0 for c in codes):
+        res.status = f"failed: exit codes {codes} (logs in {log_dir})"
+    series: list[list[tuple[float, float]]] = [[] for _ in range(s.peers)]
+    by_step: list[list[tuple[int, float]]] = [[] for _ in range(s.peers)]
+    steps = [0] * s.peers
+    finished: list[Optional[float]] = [None] * s.peers
+    for i in range(s.peers):
+        for rec in _common.read_jsonl(log_dir / f"peer{i}.log"):
+            t = rec["t"] - t0
+            steps[i] = max(steps[i], int(rec.get("step", 0)))
+            if "accuracy" in rec:
+                series[i].append((t, float(rec["accuracy"])))
+                by_step[i].append((int(rec.get("step", 0)), float(rec["accuracy"])))
+            if rec.get("event") == "done":
+                finished[i] = t
+    if method == "ddp":  # one model: rank 0's evaluations are every rank's
+        series, by_step = [series[0]], [by_step[0]]
+    _finish(res, lab, sent, series, by_step, steps, finished, s)
+    return res
+
+
+def _finish(res: Result, lab: Lab, sent: BytesSampler, series, by_step, steps, finished, s: Settings) -> None:
+    sent.sample()
+    res.bytes_each = [lab.tx_bytes(i) - sent.tx0[i] for i in range(s.peers)]
+    res.bytes_per_peer = sum(res.bytes_each) / s.peers
+    res.bytes_curve = [(t, round(b)) for t, b in sent.curve]
+    res.curve = [(round(t, 3), round(a, 5)) for t, a in _common.mean_accuracy_curve(series)]
+    res.step_curve = [(int(k), round(a, 5)) for k, a in _common.mean_accuracy_curve(by_step)]
+    res.time_to_target_s = _common.time_to_target(res.curve, s.target)
+    res.bytes_to_target = sent.at(res.time_to_target_s)
+    res.final_accuracy = res.curve[-1][1] if res.curve else None
+    res.steps = min(steps) if steps else 0
+    res.train_time_s = (round(max(f for f in finished), 3)
+                        if all(f is not None for f in finished) and res.steps >= s.steps else None)
