@@ -42,7 +42,7 @@ def roundtrip(name, x, **params):
 
 
 def test_registry_names():
-    assert list(COMPRESSORS) == ["none", "fp16", "bf16", "int8", "topk", "sign"]
+    assert list(COMPRESSORS) == ["none", "fp16", "bf16", "int8", "int4", "topk", "sign"]
     with pytest.raises(ValueError, match="available"):
         make_compressor("zip")
     with pytest.raises(ValueError):
@@ -165,6 +165,38 @@ def test_int8_zero_blocks_and_extremes():
     assert np.isfinite(out).all() and abs(out[300] - 3e38) <= 3e38 / 254
 
 
+# -- int4 -------------------------------------------------------------------------------------
+
+@FAST
+@given(vectors, st.sampled_from([1, 3, 16, 64, 256]))
+def test_int4_error_is_at_most_half_a_step_per_block(x, block):
+    c, out = roundtrip("int4", x, block=block)
+    codes = c.arrays[0]
+    assert codes.dtype == np.uint8 and codes.size == -(-x.size // 2)
+    nibbles = np.stack([codes & 15, codes >> 4], axis=1).reshape(-1)
+    assert ((nibbles >= 1) & (nibbles <= 15)).all()  # q + 8 with q in [-7, 7]
+    if x.size % 2:
+        assert nibbles[-1] == 8  # the pad nibble is a zero
+    absmax = per_block(x, block, np.maximum)
+    assert (np.abs(out - x) <= absmax / 14 * (1 + 1e-5) + 1e-37).all()
+
+
+def test_int4_nibble_order_and_extremes():
+    x = np.float32([7, -7, 1, 0, 3e38, -3e38, 1e-40, 0, 1e-40, -1e-40])
+    c = make_compressor("int4", block=4).compress(x)
+    assert c.arrays[0][0] == (8 + 7) | ((8 - 7) << 4)  # element 0 low nibble, 1 high
+    out = decompress(c, x.size)
+    np.testing.assert_allclose(out[:4], [7, -7, 1, 0])
+    assert np.isfinite(out).all() and abs(out[4] - 3e38) <= 3e38 / 14
+    assert out[8] > 0 > out[9]  # a denormal-sized block keeps its signs
+
+
+def test_int4_received_nibble_zero_decodes_bounded():
+    c = Compressed("int4", 3, (np.uint8([0x00, 0x00]), np.float32([2.0])), (4,))
+    validate(c, 3)
+    np.testing.assert_array_equal(decompress(c, 3), [-16, -16, -16])
+
+
 # -- topk -------------------------------------------------------------------------------------
 
 @FAST
@@ -227,6 +259,7 @@ def test_sign_keeps_signs_and_block_mean_magnitude(x, block):
     ("bf16", {}, 2 * 2**20),
     ("int8", {"block": 256}, 2**20 + 4 * 2**20 // 256),
     ("int8", {"block": 4096}, 2**20 + 4 * 2**20 // 4096),
+    ("int4", {"block": 64}, 2**19 + 4 * 2**20 // 64),
     ("topk", {"fraction": 0.01}, 6 * math.ceil(0.01 * 2**20)),  # int32 index + float16 value
     ("topk", {"fraction": 0.01, "values": "float32"}, 8 * math.ceil(0.01 * 2**20)),
     ("sign", {"block": 1024}, 2**20 // 8 + 4 * 2**20 // 1024),
@@ -236,7 +269,7 @@ def test_compressed_sizes(name, params, expect):
     c = make_compressor(name, **params).compress(x)
     assert nbytes(c) == c.nbytes == expect
     ratio = expect / x.nbytes
-    assert {"int8": 0.25 <= ratio < 0.26, "topk": 0.01 < ratio <= 0.021, "sign": 1 / 32 <= ratio < 0.035}.get(name, True)
+    assert {"int8": 0.25 <= ratio < 0.26, "int4": 0.125 <= ratio < 0.141, "topk": 0.01 < ratio <= 0.021, "sign": 1 / 32 <= ratio < 0.035}.get(name, True)
 
 
 # -- error feedback ---------------------------------------------------------------------------
@@ -304,7 +337,7 @@ def test_tag_is_pinned():
 
 
 @pytest.mark.parametrize("name, params", [("none", {}), ("fp16", {}), ("bf16", {}), ("int8", {"block": 100}),
-                                          ("topk", {"fraction": 0.05}), ("topk", {"values": "float32"}),
+                                          ("int4", {"block": 100}), ("topk", {"fraction": 0.05}), ("topk", {"values": "float32"}),
                                           ("sign", {"block": 100})])
 def test_wire_round_trip(name, params):
     x = np.random.default_rng(2).standard_normal(1001).astype(np.float32)
@@ -355,6 +388,11 @@ SIGN_BITS = np.zeros(2, u8)
     ("int8", 10, [4], np.zeros(10, np.int8), np.float32([1, np.nan, 1]), "non_finite"),
     ("int8", 10, [4], np.zeros(10, np.int8), np.float32([1, -1, 1]), "non_finite"),  # negative scale
     ("int8", 10, [4], np.zeros(10, np.uint8), np.zeros(3, f32), "bad_payload"),
+    ("int4", 10, [4], np.zeros(10, np.uint8), np.zeros(3, f32), "bad_payload"),  # 5 bytes for 10
+    ("int4", 10, [4], np.zeros(5, np.int8), np.zeros(3, f32), "bad_payload"),
+    ("int4", 10, [4], np.zeros(5, np.uint8), np.zeros(2, f32), "bad_payload"),
+    ("int4", 10, [4], np.zeros(5, np.uint8), np.float32([1, np.inf, 1]), "non_finite"),
+    ("int4", 10, [4], np.zeros(5, np.uint8), np.float32([1, 3e38, 1]), "non_finite"),  # 8 * scale overflows
     ("topk", 10, [], np.int32([1, 10]), np.zeros(2, np.float16), "bad_payload"),  # index == numel
     ("topk", 10, [], np.int32([-1, 3]), np.zeros(2, np.float16), "bad_payload"),
     ("topk", 10, [], np.int32([3, 1]), np.zeros(2, np.float16), "bad_payload"),  # unsorted

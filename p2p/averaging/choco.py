@@ -121,7 +121,7 @@ class ChocoGossip(AsynchronousHooks):
     # Public copies x-hat_j only make sense for neighbours that stay neighbours: a graph that
     # changes every round (hypercube, one-peer-exponential) would reset them constantly.
     needs_static_topology = True
-    CODECS = ("none", "fp16", "bf16", "int8", "topk", "sign")  # any codec: that is CHOCO's point
+    CODECS = ("none", "fp16", "bf16", "int8", "int4", "topk", "sign")  # any codec: that is CHOCO's point
 
     name = "choco"
     natural_topology = "ring"  # the paper's; any symmetric graph (ring, torus, exponential, full) works

@@ -12,13 +12,16 @@ none   float32[n]                            4n                           0
 fp16   float16[n] (saturates at +-65504)     2n                           <= 2^-11 |x| + 2^-25
 bf16   uint16[n] (bfloat16 bits, RNE)        2n                           <= 2^-8 |x| (+ denorm)
 int8   int8[n], float32 scale[n/B]           n + 4n/B                     <= absmax(block)/254 (*)
+int4   uint8 nibbles[n/2], f32 scale[n/B]    n/2 + 4n/B                   <= absmax(block)/14 (*)
 topk   int32 idx[k] (ascending), f16/f32[k]  6k or 8k, k = ceil(f*n)      0 on the k largest |x|
 sign   uint8 bits[n/8], float32 mean|x|[n/B] n/8 + 4n/B                   sign kept, size = mean
 ====== ===================================== ============================ =====================
 
 (*) plus float32's denormal granularity for blocks whose absmax is below ~1e-36.
 
-(int8: blockwise absmax scaling, scale = absmax/127, round to nearest; sign: 1 bit per element,
+(int8: blockwise absmax scaling, scale = absmax/127, round to nearest; int4: the same with
+scale = absmax/7, two 4-bit codes per byte, for DiLoCo's pseudo-gradients, which Streaming
+DiLoCo (Douillard et al., arXiv:2501.18512, 2025, Sec. 2.3) sends in 4 bits; sign: 1 bit per element,
 packed with ``np.packbits``, decoded as +-mean|x| of its block, after Seide et al., "1-bit SGD",
 Interspeech 2014; topk: Deep Gradient Compression, Lin et al., ICLR 2018, with an exact top-k
 found from a sampled threshold.) topk and sign are biased and lose most of the signal in one
@@ -263,6 +266,64 @@ class Int8Block(_Codec):
         return out
 
 
+class Int4Block(_Codec):
+    """Blockwise absmax int4: per block scale = absmax/7 (float32), q = round(x / scale) in
+    [-7, 7], stored as the nibble q + 8, element 2i in the low and 2i+1 in the high nibble of
+    byte i (an odd last element pads with 8, a zero). Error <= absmax/14 per element. A
+    received nibble 0 decodes to -8 * scale: still bounded, so it is not worth a check."""
+
+    name = "int4"
+    ARRAYS = 2
+
+    def __init__(self, block: int = 64) -> None:
+        self.block = _check_block(block)
+
+    def compress(self, x: np.ndarray) -> Compressed:
+        x = _flat32(x)
+        block, n = self.block, x.size
+        absmax = block_absmax(x, block)
+        scales = absmax / np.float32(7.0)
+        with np.errstate(divide="ignore"):
+            inv64 = np.where(absmax > 0, 7.0 / absmax.astype(np.float64), 0.0)
+        codes = np.empty(-(-n // 2), dtype=np.uint8)
+        for lo, hi in spans(n, 2 * block):  # spans start on byte and block boundaries
+            # float64 scaling: 7/absmax overflows float32 only for denormal-sized blocks, and a
+            # chunk of float64 still fits in L2
+            t = x[lo:hi] * per_element(inv64, lo, hi, block)
+            np.rint(t, out=t)
+            np.clip(t, -7, 7, out=t)
+            t += 8
+            q = t.astype(np.uint8)
+            if q.size % 2:
+                q = np.append(q, np.uint8(8))
+            codes[lo // 2: lo // 2 + q.size // 2] = q[0::2] | (q[1::2] << 4)
+        return Compressed("int4", n, (codes, scales), (block,))
+
+    @staticmethod
+    def check(c: Compressed) -> None:
+        block = _meta_block(c)
+        _want(c.arrays[0], "codes", "uint8", -(-c.numel // 2))
+        _want(c.arrays[1], "scales", "float32", nblocks(c.numel, block))
+        _want_scales(c.arrays[1])
+        if c.arrays[1].size and c.arrays[1].max() > _INT8_MAX_SCALE:
+            _fail("non_finite", "int4 scale would overflow float32")
+
+    @staticmethod
+    def decode(c: Compressed) -> np.ndarray:
+        codes, scales = c.arrays
+        (block,) = c.meta
+        n = c.numel
+        out = np.empty(n, dtype=np.float32)
+        for lo, hi in spans(n, 2 * block):
+            b = codes[lo // 2: -(-hi // 2)]
+            q = np.empty(2 * b.size, dtype=np.int8)
+            np.bitwise_and(b, 15, out=q[0::2], casting="unsafe")
+            np.right_shift(b, 4, out=q[1::2], casting="unsafe")
+            q -= 8
+            np.multiply(q[: hi - lo], per_element(scales, lo, hi, block), out=out[lo:hi])
+        return out
+
+
 class TopK(_Codec):
     """Keep the k = ceil(fraction * n) largest |x| (ties broken arbitrarily), indices int32 in
     ascending order, values float16 (saturating) or float32; everything else decodes to 0."""
@@ -370,13 +431,14 @@ COMPRESSORS: dict[str, type] = {
     "fp16": FP16,
     "bf16": BF16,
     "int8": Int8Block,
+    "int4": Int4Block,
     "topk": TopK,
     "sign": Sign,
 }
 
 
 def make_compressor(name: str, **params: Any) -> Compressor:
-    """The compressor called ``name`` with its parameters (``block`` for int8/sign,
+    """The compressor called ``name`` with its parameters (``block`` for int8/int4/sign,
     ``fraction`` and ``values`` for topk). Unknown names or parameters raise ValueError."""
     cls = COMPRESSORS.get(name)
     if cls is None:
@@ -395,7 +457,7 @@ def compressor_from_config(config: Any) -> Compressor:
     params: dict[str, Any] = {}
     block = getattr(config, "compression_block", None)
     fraction = getattr(config, "compression_topk_fraction", None)
-    if name in ("int8", "sign") and block is not None:
+    if name in ("int8", "int4", "sign") and block is not None:
         params["block"] = block
     if name == "topk" and fraction is not None:
         params["fraction"] = fraction
