@@ -52,7 +52,7 @@ ROUND_TIMEOUT_S = 5.0  # per-step rounds (dpsgd, gossipgrad): a missing neighbou
 DILOCO_ROUND_TIMEOUT_S = 20.0  # once per H steps: covers a 12 MB round at 20 Mbit/s (7 s) with room; a joiner costs one
 
 
-COMPRESSION_NAMES = ("none", "fp16", "bf16", "int8", "topk", "sign", "auto")
+COMPRESSION_NAMES = ("none", "fp16", "bf16", "int8", "int4", "topk", "sign", "auto")
 
 
 def _averaging_config(algorithm: str, topology: Optional[str], **fields):
@@ -127,11 +127,12 @@ def start(
     exchange_timeout: float = typer.Option(2.0, help="Seconds before an unanswered exchange is dropped."),
     round_timeout: Optional[float] = typer.Option(None, help="Synchronous algorithms stop waiting for a missing neighbour after this (default: 5 s; diloco 20 s, its rounds move whole models)."),
     diloco_inner_steps: int = typer.Option(50, help="DiLoCo: local steps between outer synchronisations."),
-    diloco_params_every: Optional[int] = typer.Option(None, help="DiLoCo: share the outer parameters every this many outer steps (default: 1; 8 with --compression)."),
+    diloco_outer_lr: float = typer.Option(0.7, help="DiLoCo: outer (Nesterov) learning rate on the averaged pseudo-gradient."),
+    diloco_outer_momentum: float = typer.Option(0.9, help="DiLoCo: outer Nesterov momentum, in [0, 1)."),
     staleness_aware: bool = typer.Option(False, help="Down-weight partners whose models are many steps behind."),
     sgp_push_interval: float = typer.Option(0.02, help="SGP: push a share at most this often (seconds)."),
     compression: str = typer.Option("none", help="Tensor compression: " + ", ".join(COMPRESSION_NAMES) + " (auto: adapt to the link)."),
-    compression_block: Optional[int] = typer.Option(None, help="Block size for int8/sign compression."),
+    compression_block: Optional[int] = typer.Option(None, help="Block size for int8/int4/sign compression."),
     topk_fraction: Optional[float] = typer.Option(None, help="Fraction of entries topk keeps (default 0.01)."),
     choco_gamma: Optional[float] = typer.Option(None, help="CHOCO consensus step size (default: suggested for the codec)."),
     bandwidth_aware: bool = typer.Option(True, help="Adapt the averaging interval and partners to measured links."),
@@ -178,8 +179,9 @@ def start(
     _positive("--round-timeout", round_timeout)
     if diloco_inner_steps < 1:
         raise CliError(f"--diloco-inner-steps must be >= 1, got {diloco_inner_steps}")
-    if diloco_params_every is not None and diloco_params_every < 1:
-        raise CliError(f"--diloco-params-every must be >= 1, got {diloco_params_every}")
+    _positive("--diloco-outer-lr", diloco_outer_lr)
+    if not 0 <= diloco_outer_momentum < 1:
+        raise CliError(f"--diloco-outer-momentum must be in [0, 1), got {diloco_outer_momentum:g}")
     if not 0 < comm_fraction <= 1:
         raise CliError(f"--comm-fraction must be in (0, 1], got {comm_fraction:g}")
     _check_choice("--compression", compression, COMPRESSION_NAMES)
@@ -213,7 +215,8 @@ def start(
         averaging=_averaging_config(
             algorithm, topology, interval_s=avg_interval, exchange_timeout_s=exchange_timeout,
             round_timeout_s=round_timeout, diloco_inner_steps=diloco_inner_steps,
-            diloco_params_every=diloco_params_every, staleness_aware=staleness_aware, sgp_push_interval_s=sgp_push_interval,
+            diloco_outer_lr=diloco_outer_lr,
+            diloco_outer_momentum=diloco_outer_momentum, staleness_aware=staleness_aware, sgp_push_interval_s=sgp_push_interval,
             compression=compression, compression_block=compression_block,
             compression_topk_fraction=topk_fraction, choco_gamma=choco_gamma,
             bandwidth_aware=bandwidth_aware, comm_fraction=comm_fraction,

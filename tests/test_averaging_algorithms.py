@@ -266,8 +266,8 @@ DL = AveragingConfig(round_timeout_s=1.0, diloco_inner_steps=2, diloco_outer_lr=
 
 
 def test_diloco_outer_nesterov_step_on_the_gossip_averaged_pseudo_gradient():
-    pa, a = make(DiLoCo, [1, 1, 1, 1], DL)
-    pb, b = make(DiLoCo, [3, 3, 3, 3], DL)
+    pa, a = make(DiLoCo, [2, 2, 2, 2], DL)
+    pb, b = make(DiLoCo, [2, 2, 2, 2], DL)
     assert a.after_step(1, 0.0, ["b"]) == [] and a.may_step(2, 0.0)
     pa.x -= vec(0.2, 0.2, 0.2, 0.2)  # two inner steps' worth
     pb.x -= vec(0.6, 0.6, 0.6, 0.6)
@@ -277,7 +277,7 @@ def test_diloco_outer_nesterov_step_on_the_gossip_averaged_pseudo_gradient():
     deliver(a, [sb], "b", 0.1)
     deliver(b, [sa], "a", 0.1)
     assert a.may_step(3, 0.1) and b.may_step(3, 0.1)
-    start, delta = 2.0, 0.4  # averaged theta_start and Delta
+    start, delta = 2.0, 0.4  # theta_start (shared) and the averaged Delta
     momentum = delta
     expected = start - 0.7 * (delta + 0.9 * momentum)
     np.testing.assert_allclose(pa.x, expected, rtol=1e-6)
@@ -353,7 +353,8 @@ def messages(name, params, key=KEY, round=0):
         "sgp": [PushSumShare(round, 0, 0.5, key, params)],
         "elastic": [ElasticRequest(1, 0, 0.3, key, params)],
         "gossipgrad": [GradientShare(round, 0, 1, key, params), GradientModelShare(round, 0, 1, key, GOOD, params)],
-        "diloco": [OuterShare(round, 0, 1, key, params, GOOD), OuterShare(round, 0, 1, key, GOOD, params)],
+        "diloco": [OuterShare(round, 0, 1, key, params, GOOD, GOOD, GOOD), OuterShare(round, 0, 1, key, GOOD, params, GOOD, GOOD),
+                   OuterShare(round, 0, 1, key, GOOD, GOOD, GOOD, params)],
     }[name]
 
 

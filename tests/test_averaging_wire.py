@@ -26,7 +26,8 @@ SAMPLES = [
     DpsgdParams(round=7, step=70, degree=4, model_key="synthetic/12", params=PARAMS),
     GradientShare(round=3, step=30, degree=1, model_key="synthetic/12", grad=-PARAMS),
     GradientModelShare(round=4, step=40, degree=1, model_key="synthetic/12", grad=-PARAMS, params=PARAMS),
-    OuterShare(round=6, step=600, degree=7, model_key="synthetic/12", params=PARAMS, delta=PARAMS / 3),
+    OuterShare(round=6, step=600, degree=7, model_key="synthetic/12", params=PARAMS, delta=PARAMS / 3,
+               sketch=PARAMS[:4], momentum=PARAMS / 5),
 ]
 
 AVERAGING_TAGS = {20: "AvgRequest", 21: "AvgReply", 22: "PushSumShare", 23: "ElasticRequest",

@@ -41,7 +41,8 @@ def one_error_line(lines):
     (["--listen", "127.0.0.1:7000", "--device", "cuda:0"], "CUDA is not available"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "allreduce"], "--algorithm: unknown value 'allreduce'"),
     (["--listen", "127.0.0.1:7000", "--topology", "star"], "--topology: unknown value 'star'"),
-    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--diloco-params-every", "0"], "--diloco-params-every"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--diloco-outer-momentum", "1"], "--diloco-outer-momentum"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--diloco-outer-lr", "0"], "--diloco-outer-lr"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--compression", "topk"], "diloco does not support"),
 ])
 def test_bad_flags_and_task_specs(args, needle):

@@ -1,4 +1,4 @@
-"""DiLoCo with a compressed pseudo-gradient and theta_start shared only every few rounds."""
+"""DiLoCo with a compressed pseudo-gradient, and theta_start sent only where copies are apart."""
 
 import random
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from p2p.averaging.base import AveragingConfig
-from p2p.averaging.diloco import PARAMS_EVERY_COMPRESSED, DiLoCo, OuterShare, OuterShareQ
+from p2p.averaging.diloco import SKETCH_SIZE, DiLoCo, OuterShare, OuterShareQ, sketch_positions, sketches_differ
 from p2p.averaging.registry import check_combination
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.compression import decompress, make_compressor
@@ -17,6 +17,7 @@ from p2p.wire import decode, encode
 
 N = 1000
 KEY = f"m/{N}"
+EMPTY = np.empty(0, np.float32)
 
 
 def make(values, **cfg):
@@ -71,38 +72,83 @@ def test_int8_outer_steps_agree_exactly_and_track_the_uncompressed_average():
     assert np.abs(peers[0][0].x - exact[0][0].x).max() < 0.02
 
 
-def test_theta_start_travels_only_every_few_rounds_when_compressed():
+def params_carried(sends):
+    """{(sender, receiver): theta_start entries carried} for one outer round's sends."""
+    return {(src, x.to): x.msg.params.size for src, out in sends.items() for x in out}
+
+
+@pytest.mark.parametrize("codec", ["none", "int8", "int4"])
+def test_theta_start_stays_home_while_the_copies_agree(codec):
     rng = np.random.default_rng(1)
-    peers = [make(np.zeros(N), compression="int8") for _ in range(2)]
-    carried = []
-    for k in range(PARAMS_EVERY_COMPRESSED + 1):
+    peers = [make(np.zeros(N), compression=codec) for _ in range(3)]
+    for k in range(6):
         inner_steps(peers, rng)
         sends = outer_round(peers, float(k))
-        carried.append(sends["p0"][0].msg.params.size)
-    assert carried == [N] + [0] * (PARAMS_EVERY_COMPRESSED - 1) + [N]
+        assert set(params_carried(sends).values()) == {0}
+        assert all(s.msg.sketch.size == SKETCH_SIZE for out in sends.values() for s in out)
+    assert all(alg.stats["params_sent"] == alg.stats["copies_apart"] == 0 for _, alg in peers)
     sent = sends["p0"][0].msg
-    assert len(sent.data) < N * 4 / 3  # int8 Delta: about a quarter of the float32 bytes
+    if codec == "int4":
+        assert len(sent.data) < N * 4 / 7  # int4 Delta: about an eighth of the float32 bytes
 
 
-def test_uncompressed_sends_theta_start_every_round_by_default_and_honours_the_setting():
-    _, a = make(np.ones(N))
-    _, b = make(np.ones(N), diloco_params_every=2)
-    for k in range(2):
-        a.port.step = b.port.step = k + 1
-        (sa,) = a.after_step(k + 1, float(k), ["x"])
-        (sb,) = b.after_step(k + 1, float(k), ["x"])
-        assert isinstance(sa.msg, OuterShare) and sa.msg.params.size == N
-        assert sb.msg.params.size == (N if k % 2 == 0 else 0)
-        a.tick(k + 5.0, ["x"]), b.tick(k + 5.0, ["x"])  # round timeout: alone, step on
+@pytest.mark.parametrize("codec", ["none", "int4"])
+def test_copies_apart_are_repaired_in_the_next_round_between_those_peers_only(codec):
+    # p3 joined with the seed's model (its theta_start is elsewhere); p0..p2 agree.
+    rng = np.random.default_rng(2)
+    peers = [make(np.zeros(N), compression=codec) for _ in range(3)] + [make(np.full(N, 4.0), compression=codec)]
+    inner_steps(peers, rng)
+    sends = outer_round(peers, 0.0)  # sketches compared: p3 is apart from everyone
+    assert set(params_carried(sends).values()) == {0}
+    assert [alg.stats["copies_apart"] for _, alg in peers] == [1, 1, 1, 3]
+    inner_steps(peers, rng)
+    sends = outer_round(peers, 1.0)  # the repair: theta_start between p3 and each of the others
+    carried = params_carried(sends)
+    assert {pair for pair, n in carried.items() if n} == {("p0", "p3"), ("p1", "p3"), ("p2", "p3"),
+                                                          ("p3", "p0"), ("p3", "p1"), ("p3", "p2")}
+    assert all(n in (0, N) for n in carried.values())
+    # One exact average on a full graph: every copy of theta_start agrees again.
+    for _, alg in peers[1:]:
+        np.testing.assert_allclose(alg.outer_parameters, peers[0][1].outer_parameters, rtol=0, atol=1e-5)
+    inner_steps(peers, rng)
+    sends = outer_round(peers, 2.0)  # repaired: the sketches agree, nothing more travels
+    inner_steps(peers, rng)
+    sends = outer_round(peers, 3.0)
+    assert set(params_carried(sends).values()) == {0}
+    assert [alg.stats["params_sent"] for _, alg in peers] == [1, 1, 1, 3]
 
 
-def test_a_params_round_pulls_apart_outer_copies_back_together():
-    # Peer 1 missed a round (its theta_start is off); the next params round repairs it.
-    p0, a = make(np.zeros(N), compression="int8", diloco_params_every=1)
-    p1, b = make(np.full(N, 4.0), compression="int8", diloco_params_every=1)
-    outer_round([(p0, a), (p1, b)], 0.0)
-    np.testing.assert_allclose(a.outer_parameters, b.outer_parameters)
-    np.testing.assert_allclose(a.outer_parameters, 2.0, atol=1e-5)
+def test_a_missed_share_is_caught_by_the_sketches_and_repaired():
+    rng = np.random.default_rng(3)
+    peers = [make(np.zeros(N), compression="int8") for _ in range(2)]
+    (_, a), (_, b) = peers
+    inner_steps(peers, rng)
+    (sa,), (sb,) = a.after_step(1, 0.0, ["p1"]), b.after_step(1, 0.0, ["p0"])
+    b.receive("p0", sa.msg, 0.01, ["p0"])  # p1's share to p0 is lost: p0 times out alone
+    a.tick(5.0, ["p1"])
+    assert a.may_step(2, 5.0) and b.may_step(2, 0.01)
+    assert np.abs(a.outer_parameters - b.outer_parameters).max() > 1e-3
+    for k in (1, 2):
+        inner_steps(peers, rng)
+        sends = outer_round(peers, 10.0 * k)
+    assert params_carried(sends) == {("p0", "p1"): N, ("p1", "p0"): N}
+    assert all(s.msg.momentum.size == N for out in sends.values() for s in out)
+    np.testing.assert_allclose(a.outer_parameters, b.outer_parameters, rtol=0, atol=1e-5)
+    for k in (3, 4):  # momenta were mixed too: the copies stay together, nothing more travels
+        inner_steps(peers, rng)
+        sends = outer_round(peers, 10.0 * k)
+        assert set(params_carried(sends).values()) == {0}
+    np.testing.assert_allclose(a.outer_parameters, b.outer_parameters, rtol=0, atol=1e-5)
+
+
+def test_sketches_ignore_float_rounding_but_not_a_missed_pseudo_gradient():
+    x = np.random.default_rng(4).standard_normal(100_000).astype(np.float32)
+    pos = sketch_positions(x.size)
+    assert pos.size == SKETCH_SIZE and pos[0] == 0 and pos[-1] == x.size - 1
+    rounded = x * np.float32(1 + 3e-7)  # a few ulps: another summation order
+    assert not sketches_differ(x[pos], rounded[pos])
+    assert sketches_differ(x[pos], (x + 1e-2 * np.sign(x))[pos])
+    assert sketch_positions(3).tolist() == [0, 1, 2] and sketch_positions(0).size == 0
 
 
 def test_a_left_out_vector_is_mixed_as_equal_to_ours():
@@ -118,8 +164,9 @@ def test_a_left_out_vector_is_mixed_as_equal_to_ours():
 def test_compressed_shares_round_trip_the_wire_and_bad_ones_are_rejected():
     _, a = make(np.zeros(N), compression="int8")
     packed = make_compressor("int8").compress(np.linspace(-1, 1, N, dtype=np.float32))
+    sketch = np.zeros(SKETCH_SIZE, np.float32)
     msg = OuterShareQ(**compressed_fields(packed), round=0, step=1, degree=1, model_key=KEY,
-                      params=np.empty(0, np.float32))
+                      params=np.empty(0, np.float32), sketch=sketch, momentum=EMPTY)
     _, back = decode(encode(msg, "p0"))
     assert isinstance(back, OuterShareQ) and back.params.size == 0
     np.testing.assert_array_equal(decompress(back.payload(), N), decompress(packed, N))
@@ -128,27 +175,34 @@ def test_compressed_shares_round_trip_the_wire_and_bad_ones_are_rejected():
     short = make_compressor("int8").compress(np.zeros(N // 2, np.float32))
     with pytest.raises(RemoteProtocolError) as err:
         a.receive("p1", OuterShareQ(**compressed_fields(short), round=0, step=1, degree=1, model_key=KEY,
-                                    params=np.empty(0, np.float32)), 0.1, ["p1"])
+                                    params=np.empty(0, np.float32), sketch=sketch, momentum=EMPTY), 0.1, ["p1"])
     assert err.value.reason == "bad_tensor"
     with pytest.raises(RemoteProtocolError) as err:
         a.receive("p1", OuterShareQ(**compressed_fields(packed), round=0, step=1, degree=1, model_key="other/1",
-                                    params=np.empty(0, np.float32)), 0.1, ["p1"])
+                                    params=np.empty(0, np.float32), sketch=sketch, momentum=EMPTY), 0.1, ["p1"])
     assert err.value.reason == "wrong_model"
     with pytest.raises(RemoteProtocolError) as err:  # a theta_start of the wrong size
-        a.receive("p1", OuterShare(0, 1, 1, KEY, np.zeros(3, np.float32), np.zeros(N, np.float32)), 0.1, ["p1"])
+        a.receive("p1", OuterShare(0, 1, 1, KEY, np.zeros(3, np.float32), np.zeros(N, np.float32), sketch, np.zeros(3, np.float32)), 0.1, ["p1"])
     assert err.value.reason == "bad_tensor"
+    with pytest.raises(RemoteProtocolError) as err:  # theta_start without its momentum
+        a.receive("p1", OuterShareQ(**compressed_fields(packed), round=0, step=1, degree=1, model_key=KEY,
+                                    params=np.zeros(N, np.float32), sketch=sketch, momentum=EMPTY), 0.1, ["p1"])
+    assert err.value.reason == "bad_tensor"
+    for bad in (np.zeros(SKETCH_SIZE - 1, np.float32), np.zeros(SKETCH_SIZE, np.float64)):
+        with pytest.raises(RemoteProtocolError) as err:  # a sketch of the wrong size or dtype
+            a.receive("p1", OuterShareQ(**compressed_fields(packed), round=0, step=1, degree=1, model_key=KEY,
+                                        params=np.empty(0, np.float32), sketch=bad, momentum=EMPTY), 0.1, ["p1"])
+        assert err.value.reason == "bad_tensor"
 
 
 def test_codecs_diloco_accepts_and_refuses():
-    for codec in ("fp16", "bf16", "int8"):
+    for codec in ("fp16", "bf16", "int8", "int4"):
         check_combination("diloco", "full", codec)
     for codec in ("topk", "sign", "auto"):
         with pytest.raises(ValueError, match="diloco does not support"):
             check_combination("diloco", "full", codec)
     with pytest.raises(LocalProtocolError):
         make(np.zeros(N), compression="topk")
-    with pytest.raises(ValueError, match="diloco_params_every"):
-        AveragingConfig(diloco_params_every=0)
 
 
 def test_tag_is_pinned():

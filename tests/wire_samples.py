@@ -39,6 +39,8 @@ SAMPLES += [AvgRequestQ(**_Q, exchange=3, step=10, model_key="synthetic/12"),
 
 from p2p.averaging.diloco import OuterShareQ  # noqa: E402
 
-SAMPLES += [OuterShareQ(**_Q, round=2, step=100, degree=3, model_key="synthetic/12", params=PARAMS),
+SAMPLES += [OuterShareQ(**_Q, round=2, step=100, degree=3, model_key="synthetic/12", params=PARAMS,
+                        sketch=PARAMS[:4], momentum=-PARAMS),
             OuterShareQ(**_Q, round=3, step=150, degree=3, model_key="synthetic/12",
-                        params=np.empty(0, dtype=np.float32))]
+                        params=np.empty(0, dtype=np.float32), sketch=PARAMS[:4],
+                        momentum=np.empty(0, dtype=np.float32))]

@@ -140,7 +140,6 @@ class AveragingConfig:
     diloco_outer_lr: float = 0.7  # DiLoCo outer learning rate on the averaged pseudo-gradient (paper: 0.7)
     diloco_outer_momentum: float = 0.9  # DiLoCo outer Nesterov momentum (paper: 0.9)
     diloco_gossip_rounds: int = 1  # neighbour-averaging rounds of the pseudo-gradient per outer step (1 is exact on "full")
-    diloco_params_every: Optional[int] = None  # DiLoCo: send theta_start every this many rounds (None: 1, or 8 when compressing)
     sgp_push_interval_s: float = 0.02  # SGP: at most one push per this long (0: every step, as in the paper); bounds the weight in flight when steps outpace the network
     gossipgrad_model_every: int = 8  # GossipGraD: average models with the partner every this many steps (0: gradients only)
     # Read by p2p/compression (compressor_from_config) and p2p/averaging/choco.py:
@@ -164,8 +163,6 @@ class AveragingConfig:
             raise ValueError("elastic_alpha must be in (0, 1)")
         if self.diloco_inner_steps < 1 or self.diloco_gossip_rounds < 1:
             raise ValueError("diloco_inner_steps and diloco_gossip_rounds must be >= 1")
-        if self.diloco_params_every is not None and self.diloco_params_every < 1:
-            raise ValueError("diloco_params_every must be >= 1")
         if self.diloco_outer_lr <= 0 or not 0 <= self.diloco_outer_momentum < 1:
             raise ValueError("diloco_outer_lr must be > 0 and diloco_outer_momentum in [0, 1)")
         if self.sgp_push_interval_s < 0:

@@ -14,8 +14,9 @@ Hastings weights; one round on ``full`` is the exact average, log2 n rounds on `
 for n a power of two). Each round mixes the PAIR (theta_start, Delta): the paper's workers share
 theta_start by construction; here each peer holds its own copy, and averaging it along with
 Delta makes the copies agree (a late joiner, or a round that timed out, would otherwise leave
-its outer parameters apart forever). The momentum buffer stays local; it is a function of the
-averaged Delta sequence, so peers that share that sequence share it too.
+its outer parameters apart forever). The momentum buffer is a function of the averaged Delta
+sequence, so peers that share that sequence share it too; copies that drifted apart have
+different momenta as well, so it travels and is mixed along with theta_start (below).
 
 Hooks (local step k):
 - ``after_step(k)``: when k is a multiple of H (the outer boundary; a joiner that adopted the
@@ -43,11 +44,20 @@ D(Q(Delta)) with the others' (as compressed AD-PSGD does), so on ``full`` every 
 computes the same averaged pseudo-gradient and the same outer step. No error feedback: each
 outer step's quantisation error is a fresh ~1/254 of a block's largest entry, not a bias.
 
-theta_start travels uncompressed, and only every ``diloco_params_every`` rounds (default: every
-round uncompressed, every 8th compressed): peers that share every round's averaged Delta keep
-identical copies anyway, so the periodic copy only repairs what a timed-out round or a joiner
-left apart. In the other rounds it is left out (an empty tensor), which the round mixes as
-"equal to mine". With int8 an outer step moves ~N/4 of a model per neighbour instead of 2N.
+theta_start travels only where the copies disagree. Every share carries a sketch of the
+sender's theta_start (``SKETCH_SIZE`` entries at fixed, evenly spread positions). Peers that
+mixed the same averaged Delta keep identical copies (up to float rounding: each sums in its own
+order), so the sketches agree and theta_start stays home. A round that timed out, a lost share
+or a joiner (which starts from the seed's model) leaves copies apart by far more than rounding
+(a missed Delta moves every entry); when a round's sketches from a neighbour differ from ours by
+more than ``SKETCH_RTOL`` (relative), both sides send theta_start to each other in the next
+round, with the outer momentum, and that round's mix pulls both together (on ``full``: one
+exact average; a repaired theta_start with momenta still apart would drift again). A round whose
+shares carried theta_start is not compared (its mix is the repair). A left-out theta_start is
+an empty tensor, which the round mixes as "equal to mine". With int4 an outer step then moves
+~N/7 of a model per neighbour instead of 3N. With ``diloco_gossip_rounds`` > 1 (sparse graphs,
+where no round is an exact average and the copies are never equal) theta_start and the momentum
+travel in every round.
 
 Waits at every outer boundary for the neighbours (bounded by the timeout per round): a slow
 peer delays the others once per H steps, not every step. Rounds are aligned as in ``rounds.py``.
@@ -69,9 +79,21 @@ from p2p.compression.messages import CompressedFields, compressed_fields
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
 
-CODECS = ("none", "fp16", "bf16", "int8")  # unbiased enough without error feedback (docstring)
-PARAMS_EVERY_COMPRESSED = 8  # default diloco_params_every when Delta is compressed
+CODECS = ("none", "fp16", "bf16", "int8", "int4")  # unbiased enough without error feedback (docstring)
+SKETCH_SIZE = 256  # entries of theta_start in a share's sketch
+# Copies whose sketches differ by more than this (relative L2) are repaired. Float rounding
+# drifts copies apart by ~1e-7 per outer step; one missed Delta moves them by ~1e-2.
+SKETCH_RTOL = 1e-4
 _NO_PARAMS = np.empty(0, dtype=np.float32)
+
+
+def sketch_positions(numel: int) -> np.ndarray:
+    """The fixed theta_start positions every peer samples (evenly spread, all tensors)."""
+    return np.unique(np.linspace(0, max(numel - 1, 0), min(SKETCH_SIZE, numel)).astype(np.int64))
+
+
+def sketches_differ(mine: np.ndarray, theirs: np.ndarray) -> bool:
+    return float(np.linalg.norm(theirs - mine)) > SKETCH_RTOL * (float(np.linalg.norm(mine)) + 1e-30)
 
 
 @message(28)
@@ -83,6 +105,8 @@ class OuterShare:
     model_key: str
     params: np.ndarray  # the sender's estimate of theta_start (outer parameters), or empty
     delta: np.ndarray  # the sender's estimate of the averaged pseudo-gradient
+    sketch: np.ndarray  # the sender's theta_start at sketch_positions (module docstring)
+    momentum: np.ndarray  # the sender's outer momentum when params is sent, else empty
 
 
 @message(66)
@@ -95,14 +119,23 @@ class OuterShareQ(CompressedFields):
     degree: int
     model_key: str
     params: np.ndarray  # theta_start, float32, or empty in rounds that leave it out
+    sketch: np.ndarray  # theta_start at sketch_positions
+    momentum: np.ndarray  # the outer momentum when params is sent, else empty
 
 
-def _received_params(params: np.ndarray, model_key: str, port: ModelPort):
-    """A peer's theta_start, or None when it left it out this round (empty)."""
-    if params.size == 0:
-        return None
-    check_params(params, model_key, port)
-    return params
+def _received_state(msg, port: ModelPort):
+    """A peer's (theta_start, momentum), or (None, None) when it left them out (empty)."""
+    if msg.params.size == 0 and msg.momentum.size == 0:
+        return None, None
+    check_params(msg.params, msg.model_key, port)
+    check_params(msg.momentum, msg.model_key, port)
+    return msg.params, msg.momentum
+
+
+def _check_sketch(sketch: np.ndarray, positions: np.ndarray) -> None:
+    if not isinstance(sketch, np.ndarray) or sketch.dtype != np.float32 or sketch.shape != positions.shape:
+        raise RemoteProtocolError("bad_tensor", f"sketch {getattr(sketch, 'dtype', type(sketch))}"
+                                                f"{list(getattr(sketch, 'shape', ()))}, want float32[{positions.size}]")
 
 
 class DiLoCo(AsynchronousHooks):
@@ -121,10 +154,17 @@ class DiLoCo(AsynchronousHooks):
         self.config = config
         self.port = port
         self._compressor = None if config.compression == "none" else compressor_from_config(config)
-        self._params_every = config.diloco_params_every or (1 if self._compressor is None else PARAMS_EVERY_COMPRESSED)
-        self.stats: dict[str, int] = {"outer_steps": 0}
+        self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0}
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats)
         self._start = port.snapshot()  # theta_start: the model before the first inner step
+        self._positions = sketch_positions(self._start.size)
+        self._sketch = self._start[self._positions]  # ours, of the round in flight
+        self._theirs: dict[int, dict[str, np.ndarray]] = {}  # round -> sender -> sketch, no params
+        self._sent_params: set[str] = set()  # whom we sent theta_start in the round in flight
+        self._repair: set[str] = set()  # send theta_start to these in the next round
+        # Several gossip rounds per outer step (sparse graphs) leave every copy a little apart by
+        # design: theta_start is mixed in every round there, as the averaging needs.
+        self._params_every_round = config.diloco_gossip_rounds > 1
         self._momentum = np.zeros_like(self._start)
         self._syncing = False  # between the boundary and the outer step
         self._payload: tuple[np.ndarray, ...] = ()
@@ -164,36 +204,62 @@ class DiLoCo(AsynchronousHooks):
         if served is None:
             return
         # No inner steps since the last outer step: Delta is zero (the model is theta_start).
-        self._set_payload(self._start, self._start - self.port.snapshot())
+        self._set_payload(self._start, self._start - self.port.snapshot(), self._momentum)
         self._syncing, self._serving, self._continue_at = True, served, now
         self.stats["rounds_served"] += 1
 
-    def _set_payload(self, start: np.ndarray, delta: np.ndarray) -> None:
-        """The round's (theta_start, Delta), Delta as the neighbours will decode it."""
+    def _set_payload(self, start: np.ndarray, delta: np.ndarray, momentum: np.ndarray) -> None:
+        """The round's (theta_start, Delta, momentum), Delta as the neighbours will decode it."""
         self._packed = None
         if self._compressor is not None:
             self._packed = self._compressor.compress(delta)
             delta = decompress(self._packed, delta.size)
-        self._payload = (start, delta)
+        self._payload = (start, delta, momentum)
 
     def _begin(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         self._continue_at = math.inf
-        start, delta = self._payload
+        start, delta, momentum = self._payload
         r = self._rounds.begin(now, neighbours, self._payload, round=self._serving)
         self._serving = None
-        params = start if r % self._params_every == 0 else _NO_PARAMS
-        if self._packed is None:
-            msg = OuterShare(r, self.port.step, len(neighbours), self.port.model_key, params, delta)
+        self._sketch = start[self._positions]
+        # A rotating topology (hypercube, one-peer-exponential) pairs us with someone else each
+        # round: copies apart from one peer are likely apart from this round's, so repair with them.
+        if self._params_every_round:
+            self._sent_params = set(neighbours)
         else:
-            msg = OuterShareQ(**compressed_fields(self._packed), round=r, step=self.port.step,
-                              degree=len(neighbours), model_key=self.port.model_key, params=params)
+            self._sent_params = (self._repair & set(neighbours)) or (set(neighbours) if self._repair else set())
+        self._repair = set()
+        self.stats["params_sent"] += len(self._sent_params)
+        sends = []
+        for params, mom in ((_NO_PARAMS, _NO_PARAMS), (start, momentum)):
+            to = [j for j in neighbours if (j in self._sent_params) == (params is start)]
+            if not to:
+                continue
+            if self._packed is None:
+                msg = OuterShare(r, self.port.step, len(neighbours), self.port.model_key, params, delta,
+                                 self._sketch, mom)
+            else:
+                msg = OuterShareQ(**compressed_fields(self._packed), round=r, step=self.port.step,
+                                  degree=len(neighbours), model_key=self.port.model_key, params=params,
+                                  sketch=self._sketch, momentum=mom)
+            sends += [Send(j, msg) for j in to]
         self._poll(now)
-        return [Send(j, msg) for j in neighbours]
+        return sends
+
+    def _compare_sketches(self, r: int) -> None:
+        """Round ``r`` finished: whose theta_start copy is apart from ours (module docstring)."""
+        theirs = self._theirs.pop(r, {})
+        self._theirs = {k: v for k, v in self._theirs.items() if k > r}
+        for src, sketch in theirs.items():
+            if src not in self._sent_params and sketches_differ(self._sketch, sketch):
+                self._repair.add(src)
+                self.stats["copies_apart"] += 1
 
     def _poll(self, now: float) -> None:
         if not self._rounds.ready(now):
             return
         tau = self.config.staleness_tau if self.config.staleness_aware else None
+        self._compare_sketches(self._rounds.round)
         self._payload = self._rounds.finish(self.port.step, tau).payload
         self._packed = None
         if self._rounds.round % self.config.diloco_gossip_rounds or self._rounds.behind:
@@ -206,9 +272,9 @@ class DiLoCo(AsynchronousHooks):
 
     def _outer_step(self, now: float) -> None:
         cfg = self.config
-        start, delta = self._payload
+        start, delta, momentum = self._payload
         mu = np.float32(cfg.diloco_outer_momentum)
-        self._momentum = mu * self._momentum + delta
+        self._momentum = mu * momentum + delta
         self._start = start - np.float32(cfg.diloco_outer_lr) * (delta + mu * self._momentum)
         self.port.add_delta(self._start - self.port.snapshot())
         self._syncing = False
@@ -227,7 +293,7 @@ class DiLoCo(AsynchronousHooks):
             raise LocalProtocolError("after_step() before may_step() turned True")
         if step % self.config.diloco_inner_steps:
             return []
-        self._set_payload(self._start, self._start - self.port.snapshot())
+        self._set_payload(self._start, self._start - self.port.snapshot(), self._momentum)
         self._syncing = True
         return self._begin(now, neighbours)
 
@@ -240,8 +306,12 @@ class DiLoCo(AsynchronousHooks):
             delta = decoded_params(msg, self.port)
         else:
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a DiLoCo message")
-        params = _received_params(msg.params, msg.model_key, self.port)
-        self._rounds.offer(src, msg.round, msg.degree, msg.step, (params, delta))
+        params, momentum = _received_state(msg, self.port)
+        _check_sketch(msg.sketch, self._positions)
+        if self._rounds.offer(src, msg.round, msg.degree, msg.step, (params, delta, momentum)) and params is None:
+            buffered = self._rounds.buffered()  # keep sketches only as long as the rounds do
+            self._theirs = {k: v for k, v in self._theirs.items() if k in buffered}
+            self._theirs.setdefault(msg.round, {})[src] = msg.sketch.copy()  # off the receive buffer
         if self._syncing and self._continue_at == math.inf:
             self._poll(now)
         self._serve(now)
