@@ -1,0 +1,173 @@
+"""DiLoCo's outer step and codec against DDP at equal steps, in one process (no network).
+
+Why: the slow-links benchmark takes ~8 minutes of this machine per method and rate; this asks
+the cheaper question first: with identical task, data shards, per-peer batch, optimizer, lr
+and seed, how accurate is each DiLoCo variant after k steps, against DDP (gradients averaged
+every step) and compute-only (no communication)? It runs the real ``p2p.averaging.diloco``
+objects over the real wire encoding (``p2p.wire``), on a full graph where every share
+arrives: what the lab would give on a perfect network. Each variant runs in its own process
+(one torch thread), ``--jobs`` at a time.
+
+    python bench/diloco_sweep.py [--variants ddp,compute_only,int4:50:0.7:0.9,...]
+        [--steps 1500] [--eval-at 250,500,...] [--peers 4] [--jobs 2] [--json]
+
+A variant is ``ddp``, ``compute_only`` or ``CODEC:H:OUTER_LR:OUTER_MOMENTUM`` (CODEC: none,
+fp16, bf16, int8, int4). Prints one row per variant: accuracy (mean over peers) at each
+evaluation step, and the DiLoCo bytes each peer sent (wire payload, all rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common  # noqa: E402,F401  (puts the repository on sys.path)
+
+DEFAULT_VARIANTS = "ddp,compute_only,int4:50:0.7:0.9,int4:50:0.7:0.8,int4:25:0.5:0.8,int4:50:1.4:0.0"
+
+
+class _Port:
+    """FlatParams (the node's own flat buffer) plus the step count and model key DiLoCo reads."""
+
+    def __init__(self, flat, model_key: str) -> None:
+        self.flat, self.model_key, self.step, self.numel = flat, model_key, 0, flat.numel
+
+    def snapshot(self):
+        return self.flat.snapshot()
+
+    def add_delta(self, delta) -> None:
+        self.flat.add_delta(delta)
+
+
+def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_name: str, seed: int) -> dict:
+    import torch
+
+    from p2p.averaging.base import AveragingConfig
+    from p2p.averaging.diloco import DiLoCo
+    from p2p.flat import FlatParams
+    from p2p.task import Shard, load_task
+    from p2p.wire import decode, encode
+
+    torch.set_num_threads(1)
+    task = load_task(task_name)
+    names = [f"peer{i}" for i in range(peers)]
+    models, flats, opts, batches, ports, algs = [], [], [], [], [], []
+    for i, name in enumerate(names):
+        torch.manual_seed(seed)  # the same initial model on every peer, as p2p.node does
+        model = task.make_model()
+        flat = FlatParams(model)
+        models.append(model), flats.append(flat)
+        opts.append(task.make_optimizer(model.parameters()))
+        batches.append(task.train_batches(Shard(i, peers), zlib.crc32(f"{seed}:{name}".encode())))
+    if variant not in ("ddp", "compute_only"):
+        codec, h, lr, mom = variant.split(":")
+        config = AveragingConfig(compression=codec, diloco_inner_steps=int(h), diloco_outer_lr=float(lr),
+                                 diloco_outer_momentum=float(mom), round_timeout_s=3600.0)
+        for flat in flats:
+            ports.append(_Port(flat, f"{task_name}/{flat.numel}"))
+            algs.append(DiLoCo(config, ports[-1], random.Random(seed), 0.0))
+    sent = 0
+    acc: dict[int, float] = {}
+    t0 = time.time()
+    for k in range(1, steps + 1):
+        for i in range(peers):
+            flats[i].apply_pending()  # the outer step DiLoCo queued, as the trainer does
+            models[i].train()
+            flats[i].zero_grad()
+            task.loss(models[i], next(batches[i])).backward()
+        if variant == "ddp":  # all-reduce: every rank steps on the mean gradient
+            mean = sum(f.grad for f in flats) / peers
+            for f in flats:
+                f.grad.copy_(mean)
+        for i in range(peers):
+            opts[i].step()
+        if algs:
+            now = float(k)
+            for p in ports:
+                p.step = k
+            outbox = [(src, alg.after_step(k, now, [n for n in names if n != src])) for src, alg in zip(names, algs)]
+            for src, sends in outbox:
+                for s in sends:
+                    frames = encode(s.msg, src)
+                    sent += sum(memoryview(f).nbytes for f in frames[1:])
+                    _, msg = decode(frames)
+                    j = names.index(s.to)
+                    algs[j].receive(src, msg, now, [n for n in names if n != s.to])
+            if not all(alg.may_step(k + 1, now) for alg in algs):
+                raise RuntimeError(f"step {k}: an outer round did not finish with every share in")
+        if k in eval_at:
+            for f in flats:
+                f.apply_pending()
+            evaluated = models[:1] if variant == "ddp" else models
+            acc[k] = round(sum(task.evaluate(m)["accuracy"] for m in evaluated) / len(evaluated), 4)
+            print(f"[diloco_sweep] {variant}: step {k} accuracy {acc[k]} ({time.time() - t0:.0f} s)",
+                  file=sys.stderr, flush=True)
+    return {"variant": variant, "accuracy": acc, "bytes_per_peer": sent // peers,
+            "outer_steps": algs[0].stats["outer_steps"] if algs else 0,
+            "params_sent": sum(a.stats["params_sent"] for a in algs)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS)
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--eval-at", default=None, help="comma-separated steps (default: every 250 and the last)")
+    ap.add_argument("--peers", type=int, default=4)
+    ap.add_argument("--task", default="tinylm")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=2, help="variants run at once (one process each)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant, print its JSON
+    args = ap.parse_args(argv)
+    eval_at = sorted({int(x) for x in args.eval_at.split(",")} if args.eval_at
+                     else set(range(250, args.steps + 1, 250)) | {args.steps})
+    if args.one:
+        print(json.dumps(run_variant(args.one, args.steps, eval_at, args.peers, args.task, args.seed)))
+        return 0
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    for v in variants:
+        parts = v.split(":")
+        if v not in ("ddp", "compute_only") and (len(parts) != 4 or parts[0] not in ("none", "fp16", "bf16", "int8", "int4")):
+            ap.error(f"--variants: {v!r} is not ddp, compute_only or CODEC:H:OUTER_LR:OUTER_MOMENTUM")
+
+    def one(v: str) -> dict:
+        cmd = [sys.executable, os.path.abspath(__file__), "--one", v, "--steps", str(args.steps),
+               "--eval-at", ",".join(map(str, eval_at)), "--peers", str(args.peers), "--task", args.task,
+               "--seed", str(args.seed)]
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        if done.returncode:
+            return {"variant": v, "error": f"exit {done.returncode}"}
+        return json.loads(done.stdout)
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = list(pool.map(one, variants))
+    if args.json:
+        print(json.dumps({"steps": args.steps, "peers": args.peers, "task": args.task, "results": results}))
+        return 0
+    ddp = next(({int(k): v for k, v in r["accuracy"].items()} for r in results
+                if r["variant"] == "ddp" and "accuracy" in r), None)
+    print("| variant (codec:H:outer lr:outer momentum) | " + " | ".join(f"acc @{k}" for k in eval_at)
+          + " | vs DDP @last | DiLoCo MB/peer |")
+    print("|---|" + "---:|" * (len(eval_at) + 2))
+    for r in results:
+        if "error" in r:
+            print(f"| {r['variant']} | {r['error']} |")
+            continue
+        acc = {int(k): v for k, v in r["accuracy"].items()}
+        gap = f"{(acc[eval_at[-1]] - ddp[eval_at[-1]]) * 100:+.1f} pt" if ddp and r["variant"] != "ddp" else ""
+        print(f"| {r['variant']} | " + " | ".join(f"{acc[k]:.4f}" for k in eval_at)
+              + f" | {gap} | {r['bytes_per_peer'] / 1e6:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
