@@ -12,7 +12,7 @@ arrives: what the lab would give on a perfect network. Each variant runs in its 
         [--steps 1500] [--eval-at 250,500,...] [--peers 4] [--jobs 2] [--json]
 
 A variant is ``ddp``, ``compute_only`` or ``CODEC:H:OUTER_LR:OUTER_MOMENTUM`` (CODEC: none,
-fp16, bf16, int8, int4). Prints one row per variant: accuracy (mean over peers) at each
+one of p2p.averaging.diloco.CODECS). Prints one row per variant: accuracy (mean over peers) at each
 evaluation step, and the DiLoCo bytes each peer sent (wire payload, all rounds).
 """
 
@@ -31,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common  # noqa: E402,F401  (puts the repository on sys.path)
+
+from p2p.averaging.diloco import CODECS as DILOCO_CODECS  # noqa: E402
 
 DEFAULT_VARIANTS = "ddp,compute_only,int4:50:0.7:0.9,int4:50:0.7:0.8,int4:25:0.5:0.8,int4:50:1.4:0.0"
 
@@ -136,7 +138,7 @@ def main(argv=None) -> int:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     for v in variants:
         parts = v.split(":")
-        if v not in ("ddp", "compute_only") and (len(parts) != 4 or parts[0] not in ("none", "fp16", "bf16", "int8", "int4")):
+        if v not in ("ddp", "compute_only") and (len(parts) != 4 or parts[0] not in DILOCO_CODECS):
             ap.error(f"--variants: {v!r} is not ddp, compute_only or CODEC:H:OUTER_LR:OUTER_MOMENTUM")
 
     def one(v: str) -> dict:

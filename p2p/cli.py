@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import sys
 from typing import List, Optional
@@ -101,6 +102,8 @@ def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
 
 
 def _positive(flag: str, value: Optional[float], *, allow_zero: bool = False) -> None:
+    if value is not None and not math.isfinite(value):
+        raise CliError(f"{flag} must be a finite number, got {value:g}")
     if value is not None and (value < 0 or (value == 0 and not allow_zero)):
         raise CliError(f"{flag} must be {'>= 0' if allow_zero else '> 0'}, got {value:g}")
 

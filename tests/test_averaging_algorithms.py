@@ -66,7 +66,8 @@ def test_registry_names_topologies_and_tags():
 
 def test_config_validates():
     for bad in (dict(round_timeout_s=0), dict(elastic_alpha=1.0), dict(diloco_inner_steps=0),
-                dict(diloco_outer_momentum=1.0), dict(gossipgrad_model_every=-1), dict(staleness_tau=0)):
+                dict(diloco_outer_momentum=1.0), dict(diloco_outer_lr=float("nan")), dict(diloco_outer_lr=float("inf")),
+                dict(gossipgrad_model_every=-1), dict(staleness_tau=0)):
         with pytest.raises(ValueError):
             AveragingConfig(**bad)
     assert AveragingConfig().diloco_outer_lr == 0.7 and not AveragingConfig().staleness_aware

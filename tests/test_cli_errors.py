@@ -43,6 +43,8 @@ def one_error_line(lines):
     (["--listen", "127.0.0.1:7000", "--topology", "star"], "--topology: unknown value 'star'"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--diloco-outer-momentum", "1"], "--diloco-outer-momentum"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--diloco-outer-lr", "0"], "--diloco-outer-lr"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--diloco-outer-lr", "nan"], "--diloco-outer-lr must be a finite number"),
+    (["--listen", "127.0.0.1:7000", "--round-timeout", "inf"], "--round-timeout must be a finite number"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--compression", "topk"], "diloco does not support"),
 ])
 def test_bad_flags_and_task_specs(args, needle):

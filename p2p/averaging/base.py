@@ -9,6 +9,8 @@ preserved however exchanges interleave with training and with each other.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Optional, Protocol, Sequence
 
@@ -163,7 +165,7 @@ class AveragingConfig:
             raise ValueError("elastic_alpha must be in (0, 1)")
         if self.diloco_inner_steps < 1 or self.diloco_gossip_rounds < 1:
             raise ValueError("diloco_inner_steps and diloco_gossip_rounds must be >= 1")
-        if self.diloco_outer_lr <= 0 or not 0 <= self.diloco_outer_momentum < 1:
+        if not 0 < self.diloco_outer_lr < math.inf or not 0 <= self.diloco_outer_momentum < 1:
             raise ValueError("diloco_outer_lr must be > 0 and diloco_outer_momentum in [0, 1)")
         if self.sgp_push_interval_s < 0:
             raise ValueError("sgp_push_interval_s must be >= 0")

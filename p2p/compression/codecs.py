@@ -212,7 +212,17 @@ class BF16(_Codec):
         return bf16_to_float32(c.arrays[0])
 
 
-_INT8_MAX_SCALE = np.float32(np.finfo(np.float32).max / 128)  # |q| <= 128 stays finite
+_MAX_SCALE = np.float32(np.finfo(np.float32).max / 128)  # |q| <= 128 stays finite (int8, int4)
+
+
+def _check_absmax_record(c: Compressed, name: str, dtype: str, size: int) -> None:
+    """A blockwise absmax record (int8, int4): codes, then one finite scale per block."""
+    block = _meta_block(c)
+    _want(c.arrays[0], name, dtype, size)
+    _want(c.arrays[1], "scales", "float32", nblocks(c.numel, block))
+    _want_scales(c.arrays[1])
+    if c.arrays[1].size and c.arrays[1].max() > _MAX_SCALE:
+        _fail("non_finite", f"{c.codec} scale would overflow float32")
 
 
 class Int8Block(_Codec):
@@ -249,12 +259,7 @@ class Int8Block(_Codec):
 
     @staticmethod
     def check(c: Compressed) -> None:
-        block = _meta_block(c)
-        _want(c.arrays[0], "q", "int8", c.numel)
-        _want(c.arrays[1], "scales", "float32", nblocks(c.numel, block))
-        _want_scales(c.arrays[1])
-        if c.arrays[1].size and c.arrays[1].max() > _INT8_MAX_SCALE:
-            _fail("non_finite", "int8 scale would overflow float32")
+        _check_absmax_record(c, "q", "int8", c.numel)
 
     @staticmethod
     def decode(c: Compressed) -> np.ndarray:
@@ -301,12 +306,7 @@ class Int4Block(_Codec):
 
     @staticmethod
     def check(c: Compressed) -> None:
-        block = _meta_block(c)
-        _want(c.arrays[0], "codes", "uint8", -(-c.numel // 2))
-        _want(c.arrays[1], "scales", "float32", nblocks(c.numel, block))
-        _want_scales(c.arrays[1])
-        if c.arrays[1].size and c.arrays[1].max() > _INT8_MAX_SCALE:
-            _fail("non_finite", "int4 scale would overflow float32")
+        _check_absmax_record(c, "codes", "uint8", -(-c.numel // 2))
 
     @staticmethod
     def decode(c: Compressed) -> np.ndarray:
