@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/x.py` from anywhere: find 
 
 
 def worker_seed(run_seed: int, name: str) -> int:
-    """Per-worker data-order seed (stable across processes), as p2p.node.peer_seed."""
+    """Per-worker data-order seed (stable across processes), as p2p.training.node.peer_seed."""
     return zlib.crc32(f"{run_seed}:{name}".encode())
 
 

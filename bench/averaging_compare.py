@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from p2p.averaging.registry import ALGORITHMS, natural_topology  # noqa: E402
-from p2p.swarm import LocalSwarm  # noqa: E402
-from p2p.task import load_task  # noqa: E402
+from p2p.harness.local_swarm import LocalSwarm  # noqa: E402
+from p2p.training.task import load_task  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
 

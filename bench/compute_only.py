@@ -34,7 +34,7 @@ def main(argv=None) -> None:
 
     import torch
 
-    from p2p.task import Shard, load_task
+    from p2p.training.task import Shard, load_task
 
     shard = Shard.parse(args.shard)
     torch.set_num_threads(args.threads)

@@ -43,7 +43,7 @@ def main(argv=None) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from p2p.task import Shard, load_task
+    from p2p.training.task import Shard, load_task
 
     torch.set_num_threads(args.threads)
     task = load_task(args.task)

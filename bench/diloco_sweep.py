@@ -55,8 +55,8 @@ def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_n
 
     from p2p.averaging.base import AveragingConfig
     from p2p.averaging.diloco import DiLoCo
-    from p2p.flat import FlatParams
-    from p2p.task import Shard, load_task
+    from p2p.training.flat import FlatParams
+    from p2p.training.task import Shard, load_task
     from p2p.wire import decode, encode
 
     torch.set_num_threads(1)
@@ -64,7 +64,7 @@ def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_n
     names = [f"peer{i}" for i in range(peers)]
     models, flats, opts, batches, ports, algs = [], [], [], [], [], []
     for i, name in enumerate(names):
-        torch.manual_seed(seed)  # the same initial model on every peer, as p2p.node does
+        torch.manual_seed(seed)  # the same initial model on every peer, as p2p.training.node does
         model = task.make_model()
         flat = FlatParams(model)
         models.append(model), flats.append(flat)

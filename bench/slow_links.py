@@ -1,6 +1,6 @@
 """Slow-links benchmark: p2p vs. DDP (gloo) vs. compute-only, across shaped links. Needs root.
 
-For each rate, a fresh lab (p2p/lab.py: one network namespace per peer, ``tc tbf`` on both
+For each rate, a fresh lab (p2p/harness/lab.py: one network namespace per peer, ``tc tbf`` on both
 directions of each peer's link) runs, one after the other, with identical task, model, data
 shards, per-peer batch size, optimizer, learning rate, run seed and step count:
 
@@ -54,8 +54,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common  # noqa: E402,F401  (puts the repository on sys.path)
 
-from p2p.lab import Lab, LabError, parse_rate, probe  # noqa: E402
-from p2p.task import TaskError, load_task  # noqa: E402
+from p2p.harness.lab import Lab, LabError, parse_rate, probe  # noqa: E402
+from p2p.training.task import TaskError, load_task  # noqa: E402
 from slow_links_report import compare_at_equal_steps, fmt, fmt_mb, markdown, plot  # noqa: E402
 from slow_links_runs import Result, Settings, run_p2p, run_workers  # noqa: E402
 

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common  # noqa: E402  (puts the repository on sys.path)
 
-from p2p.lab import Lab, LabSwarm  # noqa: E402
+from p2p.harness.lab import Lab, LabSwarm  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 P2P_PORT, DDP_PORT = 7000, 29500
@@ -81,7 +81,7 @@ def _stop(procs: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
             p.wait()
 
 
-# A node's progress line (p2p/node.py): "<phase> step N  loss L  acc A  ..."; the last is "done".
+# A node's progress line (p2p/training/node.py): "<phase> step N  loss L  acc A  ..."; the last is "done".
 _PROGRESS = re.compile(r"^(\w+)\s+step\s+(\d+)\s+loss\s+\S+\s+acc\s+(\S+)")
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from p2p.averaging.registry import natural_topology  # noqa: E402
-from p2p.swarm import LocalSwarm  # noqa: E402
+from p2p.harness.local_swarm import LocalSwarm  # noqa: E402
 
 
 def others_rate(algorithm: str, task: str, seconds: float, slow: bool, peers: int = 4) -> float:

@@ -3,7 +3,7 @@
 Compares, in one run (the machine is shared and noisy, so only ratios within a run count):
 - ``tcp``: a plain TCP socket, sendall / recv_into a preallocated buffer (the ceiling);
 - ``zmq``: a naive pyzmq zero-copy PUSH/PULL of the raw buffer;
-- ``p2p``: our real path: AvgRequest encoded by p2p.wire, sent by p2p.transport (its bulk TCP
+- ``p2p``: our real path: AvgRequest encoded by p2p.wire, sent by p2p.net.transport (its bulk TCP
   stream), received and decoded (all validation, NaN/Inf check included) by the receiver.
 
     python bench/transport_throughput.py [--mib 64] [--repeats 20] [--json]
@@ -100,8 +100,8 @@ def bench_zmq(arr: np.ndarray, repeats: int) -> float:
 
 def _p2p_receiver(addr_q, repeats, numel):
     from p2p.averaging.adpsgd import AvgRequest
-    from p2p.transport import Transport, TransportConfig
-    from p2p.swarm import free_ports
+    from p2p.net.transport import Transport, TransportConfig
+    from p2p.harness.local_swarm import free_ports
     from p2p.wire import DEFAULT_LIMITS, decode, encode
 
     (port,) = free_ports(1)
@@ -112,12 +112,12 @@ def _p2p_receiver(addr_q, repeats, numel):
     got = 0
     while got < repeats:
         for incoming in transport.receive(1.0, time.monotonic()):
-            src, msg = decode(incoming.frames, incoming.limits(DEFAULT_LIMITS))  # as p2p/driver.py
+            src, msg = decode(incoming.frames, incoming.limits(DEFAULT_LIMITS))  # as p2p/net/driver.py
             assert isinstance(msg, AvgRequest) and msg.params.shape == (numel,)
             del msg
             transport.done(incoming)
             got += 1
-    from p2p.control import StatusRequest
+    from p2p.net.control import StatusRequest
 
     transport.send(sender, encode(StatusRequest(), me), time.monotonic())
     time.sleep(0.5)
@@ -126,8 +126,8 @@ def _p2p_receiver(addr_q, repeats, numel):
 
 def bench_p2p(arr: np.ndarray, repeats: int) -> float:
     from p2p.averaging.adpsgd import AvgRequest
-    from p2p.swarm import free_ports
-    from p2p.transport import Transport, TransportConfig
+    from p2p.harness.local_swarm import free_ports
+    from p2p.net.transport import Transport, TransportConfig
     from p2p.wire import decode, encode
 
     (port,) = free_ports(1)

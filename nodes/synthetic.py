@@ -6,7 +6,7 @@ a few percent of labels flipped so the task does not saturate at 100%. A 2-layer
 second of CPU per hundred steps, which makes it the demo and test default. Nothing is
 downloaded: the data set is a pure function of ``data_seed``.
 
-Copy this file to make your own task; see ``p2p/task.py`` for the interface.
+Copy this file to make your own task; see ``p2p/training/task.py`` for the interface.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from p2p.task import Shard
+from p2p.training.task import Shard
 
 
 class SyntheticTask:

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from p2p.task import Shard
+from p2p.training.task import Shard
 
 _SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages",
                         "__pycache__", "encodings", "pydoc_data"})

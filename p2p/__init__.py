@@ -4,7 +4,7 @@ The package is layered (see README "Architecture"):
 
 - pure, sans-I/O protocol parts: ``p2p.wire`` (codec), ``p2p.gossip`` (membership),
   ``p2p.topology`` (who to talk to), ``p2p.averaging`` (how to mix parameters);
-- drivers: ``p2p.transport`` + ``p2p.node`` (ZeroMQ, OS clock, threads) and ``p2p.sim``
+- drivers: ``p2p.net.transport`` + ``p2p.training.node`` (ZeroMQ, OS clock, threads) and ``p2p.sim``
   (deterministic simulator);
 - torch glue: ``p2p.training``; tasks live in ``nodes/``.
 

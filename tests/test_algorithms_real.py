@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from p2p.averaging.registry import ALGORITHMS, natural_topology
-from p2p.swarm import LocalSwarm, consensus_distance
+from p2p.harness.local_swarm import LocalSwarm, consensus_distance
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration

@@ -434,7 +434,7 @@ def test_round_engine_partial_round_with_others_ahead_means_behind():
 
 
 def test_the_trainers_hook_proxy_gates_exactly_what_each_algorithm_uses():
-    from p2p.step_hooks import StepHooks
+    from p2p.training.step_hooks import StepHooks
 
     for name in ALGORITHMS:
         avg = make_averager(name, CFG, ArrayPort(np.zeros(4), KEY), random.Random(0), 0.0)

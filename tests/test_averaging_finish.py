@@ -148,7 +148,7 @@ def test_diloco_finished_peer_serves_outer_rounds_and_start_copies_agree():
 
 # -- the trainer's side ------------------------------------------------------------------------
 def test_step_hooks_forward_training_done_to_the_network_side():
-    from p2p.step_hooks import StepHooks
+    from p2p.training.step_hooks import StepHooks
 
     for cls in (PushSum, Dpsgd, DiLoCo):
         _, avg = make(cls, [0, 0, 0, 0])

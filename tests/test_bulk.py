@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from p2p.averaging.adpsgd import AvgRequest
-from p2p.bulk import MAGIC, BufferPool, StreamReader, stream_parts
-from p2p.control import StatusRequest
+from p2p.net.bulk import MAGIC, BufferPool, StreamReader, stream_parts
+from p2p.net.control import StatusRequest
 from p2p.protocol import RemoteProtocolError
-from p2p.swarm import free_ports
-from p2p.transport import Transport, TransportConfig
-from p2p.bulk import BulkConfig
+from p2p.harness.local_swarm import free_ports
+from p2p.net.transport import Transport, TransportConfig
+from p2p.net.bulk import BulkConfig
 from p2p.wire import DEFAULT_LIMITS, decode, encode
 
 
@@ -217,7 +217,7 @@ def test_stalled_inbound_transfers_are_dropped_by_housekeeping():
 
 
 def test_the_bulk_port_in_use_is_a_clear_error():
-    from p2p.transport import TransportError
+    from p2p.net.transport import TransportError
 
     (port,) = free_ports(1)
     holder = socket.socket()

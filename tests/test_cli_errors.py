@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from p2p.swarm import free_ports
+from p2p.harness.local_swarm import free_ports
 
 pytestmark = pytest.mark.integration
 

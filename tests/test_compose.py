@@ -6,7 +6,7 @@ from pathlib import Path
 import typer
 import yaml
 
-from p2p.addresses import parse_address
+from p2p.net.addresses import parse_address
 from p2p.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from p2p.flat import FlatParams
+from p2p.training.flat import FlatParams
 
 
 def model():

@@ -1,4 +1,4 @@
-"""The shaped-network lab (p2p/lab.py, p2p/lab_cli.py): real namespaces, veths, tbf, real peers.
+"""The shaped-network lab (p2p/harness/lab.py, p2p/cli/lab.py): real namespaces, veths, tbf, real peers.
 
 Tests marked ``netns`` need root and working ``ip netns``; they skip (saying why) elsewhere.
 Each test run uses its own prefix and subnet, so two runs on one machine do not collide, and
@@ -16,8 +16,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from p2p.lab import Lab, LabError, LabSwarm, format_rate, parse_rate, probe, tbf_params
-from p2p.lab_cli import lab_app
+from p2p.harness.lab import Lab, LabError, LabSwarm, format_rate, parse_rate, probe, tbf_params
+from p2p.cli.lab import lab_app
 from tests.conftest import wait_until
 
 PREFIX = f"p2pt{os.getpid() % 100000}"
@@ -236,7 +236,7 @@ def test_down_removes_everything_even_from_another_process_and_stops_what_ran_in
 @pytest.mark.netns
 def test_cli_up_status_cut_restore_down(labs):  # `labs`: skip unless possible; cleanup
     app = typer.Typer()
-    app.add_typer(lab_app, name="lab")  # as p2p/cli.py registers it
+    app.add_typer(lab_app, name="lab")  # as p2p/cli/app.py registers it
     run = lambda *args: CliRunner().invoke(app, ["lab", *args, "--prefix", PREFIX])  # noqa: E731
     try:
         result = run("up", "--peers", "2", "--rate", "20mbit", "--subnet", SUBNET)

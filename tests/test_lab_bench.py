@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from p2p.lab import Lab, probe
+from p2p.harness.lab import Lab, probe
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))

@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from p2p.gossip.config import MembershipConfig
-from p2p.swarm import LocalSwarm
+from p2p.harness.local_swarm import LocalSwarm
 from p2p.wire import PROTOCOL_VERSION
 from tests.conftest import wait_until
 

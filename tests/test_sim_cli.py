@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from p2p.sim.cli import simulate
+from p2p.cli.simulate import simulate
 
 app = typer.Typer()
 app.command("simulate")(simulate)
@@ -65,7 +65,7 @@ def test_simulate_with_an_algorithm_runs_the_averaging_simulator():
     import typer
     from typer.testing import CliRunner
 
-    from p2p.sim.cli import simulate
+    from p2p.cli.simulate import simulate
 
     app = typer.Typer()
     app.command()(simulate)

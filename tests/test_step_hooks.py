@@ -36,7 +36,7 @@ def serve_once(hooks, averager, sent):
 
 
 def test_trainer_waits_for_the_gate_and_hooks_run_on_the_serving_side():
-    from p2p.step_hooks import StepHooks
+    from p2p.training.step_hooks import StepHooks
 
     averager = GatedAverager()
     hooks = StepHooks(averager, gate_timeout_s=30)
@@ -58,7 +58,7 @@ def test_trainer_waits_for_the_gate_and_hooks_run_on_the_serving_side():
 
 
 def test_gate_timeout_is_a_safety_net_not_a_hang():
-    from p2p.step_hooks import StepHooks
+    from p2p.training.step_hooks import StepHooks
 
     averager = GatedAverager()  # never opens, and nobody serves
     hooks = StepHooks(averager, gate_timeout_s=0.2)
@@ -69,7 +69,7 @@ def test_gate_timeout_is_a_safety_net_not_a_hang():
 
 
 def test_asynchronous_averagers_cost_the_trainer_nothing():
-    from p2p.step_hooks import StepHooks
+    from p2p.training.step_hooks import StepHooks
 
     class Async(AsynchronousHooks):
         pass

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import zmq
 
-from p2p.swarm import LocalSwarm, consensus_distance
+from p2p.harness.local_swarm import LocalSwarm, consensus_distance
 from p2p.wire import PROTOCOL_VERSION
 from tests.conftest import wait_until
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nodes.tinylm import TinyLMTask, load_corpus
-from p2p.task import Shard, Task, load_task
+from p2p.training.task import Shard, Task, load_task
 
 
 @pytest.fixture(autouse=True, scope="module")

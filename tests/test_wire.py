@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import p2p.averaging.adpsgd  # noqa: F401  (registers messages)
-import p2p.control  # noqa: F401
+import p2p.net.control  # noqa: F401
 from p2p.averaging.adpsgd import AvgRequest
-from p2p.control import StatusRequest
+from p2p.net.control import StatusRequest
 from p2p.protocol import LocalProtocolError, RemoteProtocolError
 from p2p.wire import PROTOCOL_VERSION, Limits, decode, encode, message, registered_tags
 from tests.wire_samples import SAMPLES

@@ -3,7 +3,7 @@
 import numpy as np
 
 from p2p.averaging.adpsgd import AvgReply, AvgRequest
-from p2p.control import StateReply, StateRequest, StatusReply, StatusRequest
+from p2p.net.control import StateReply, StateRequest, StatusReply, StatusRequest
 
 PARAMS = np.arange(12, dtype=np.float32) / 7
 

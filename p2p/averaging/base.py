@@ -105,7 +105,7 @@ class Averager(Protocol):
 
 class AsynchronousHooks:
     """No-op step hooks to mix in: an algorithm overrides only the hooks it uses. The trainer's
-    proxy (p2p/step_hooks.py) skips the hooks left as these no-ops: an algorithm that does not
+    proxy (p2p/training/step_hooks.py) skips the hooks left as these no-ops: an algorithm that does not
     override ``may_step`` never gates a step, one that does not override ``after_step`` is
     never called after one. A fully asynchronous algorithm overrides none and works from
     ``tick`` and ``receive`` only."""

@@ -1,6 +1,6 @@
 """Deterministic discrete-event simulator driving the real ``p2p.gossip.Membership`` objects.
 
-``run(SimConfig(...))`` returns the metrics dict; ``p2p.sim.cli.simulate`` is the CLI command.
+``run(SimConfig(...))`` returns the metrics dict; ``p2p.cli.simulate.simulate`` is the CLI command.
 """
 
 from p2p.sim.config import SimConfig

@@ -1,4 +1,4 @@
-"""A ``ModelPort`` over a numpy vector, with the same semantics as ``p2p.flat.FlatParams``.
+"""A ``ModelPort`` over a numpy vector, with the same semantics as ``p2p.training.flat.FlatParams``.
 
 ``add_delta`` queues; the (simulated) trainer applies the queue at its step boundary with
 ``apply_pending``; ``snapshot`` is buffer + queue. ``immediate=True`` applies deltas at once

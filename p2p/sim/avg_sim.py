@@ -9,7 +9,7 @@ string, so the same arguments replay the same run bit for bit. Nothing reads the
 
 Every peer has an ``ArrayPort`` (the FlatParams semantics: deltas queue and land at the next
 step boundary), an averager from ``p2p.averaging.registry``, and a simulated trainer that runs
-the loop of the real one (p2p/trainer.py with p2p/step_hooks.py):
+the loop of the real one (p2p/training/trainer.py with p2p/training/step_hooks.py):
 
     READY      -- may_step(k+1)? -- apply queued deltas, compute grad f_i(x) ----> COMPUTING
     COMPUTING  -- after compute_s: wants_gradient? on_gradient(k+1) ------------> GRAD_WAIT

@@ -7,7 +7,7 @@ On a plain TCP stream the kernel copies straight into our pooled buffer (``recv_
 bare socket does; and the receiver checks each message's declared sizes against its limits
 *before* any payload arrives. So messages of ``BulkConfig.threshold_bytes`` or more travel on
 one TCP connection per (sender, receiver) pair, to the receiver's bulk port (its ZeroMQ port
-+ 1, p2p/addresses.py), framed as:
++ 1, p2p/net/addresses.py), framed as:
 
     prefix   !4sQIH: magic "P2PB", transfer id, header length, number of tensor frames
     meta     the wire header frame (p2p/wire.py), then one !Q byte count per tensor frame

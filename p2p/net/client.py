@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import zmq
 
-from p2p.addresses import to_endpoint
-from p2p.control import StateReply, StateRequest, StatusReply, StatusRequest
+from p2p.net.addresses import to_endpoint
+from p2p.net.control import StateReply, StateRequest, StatusReply, StatusRequest
 from p2p.wire import decode, encode
 
 

@@ -104,5 +104,5 @@ def load_task(spec: str) -> Task:
             raise TaskError(f"task {spec!r}: constructing {attr} failed: {exc}") from None
     missing = [name for name in _REQUIRED if not hasattr(obj, name)]
     if missing:
-        raise TaskError(f"task {spec!r}: object lacks {', '.join(missing)} (see p2p/task.py)")
+        raise TaskError(f"task {spec!r}: object lacks {', '.join(missing)} (see p2p/training/task.py)")
     return obj

@@ -1,7 +1,7 @@
 """Client queries a running node answers on its listening socket (``p2p status``, the demo).
 
 Clients have no listening address of their own, so the node answers on the connection the
-request came in on (see p2p/transport.py). Tags 40..59 are reserved for control messages.
+request came in on (see p2p/net/transport.py). Tags 40..59 are reserved for control messages.
 """
 
 from __future__ import annotations

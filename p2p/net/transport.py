@@ -10,7 +10,7 @@ in on, since they have no listening address.
 Two connections per peer, so that a model in flight never delays control traffic: small
 messages (membership probes, replies without tensors) go on the DEALER; messages of
 ``bulk.threshold_bytes`` or more go on a plain TCP connection to the peer's bulk port (its
-advertised port + 1), framed by p2p/bulk.py and written as the socket becomes writable. The
+advertised port + 1), framed by p2p/net/bulk.py and written as the socket becomes writable. The
 receiver reads them straight into pooled buffers (``recv_into``: one kernel copy, as a bare
 socket; ZeroMQ would add a copy out of its own buffer). Flow control is TCP's window: the
 sender holds at most ``max_pending_per_peer`` large messages per peer (references to the
@@ -36,8 +36,8 @@ from typing import Iterable, Optional, Union
 
 import zmq
 
-from p2p.addresses import AddressError, bulk_address, parse_address, to_endpoint
-from p2p.bulk import BufferPool, BulkConfig, StreamReader, stream_parts
+from p2p.net.addresses import AddressError, bulk_address, parse_address, to_endpoint
+from p2p.net.bulk import BufferPool, BulkConfig, StreamReader, stream_parts
 from p2p.protocol import RemoteProtocolError
 from p2p.wire import Limits
 
@@ -77,7 +77,7 @@ def _nbytes(frame: Union[bytes, memoryview, zmq.Frame]) -> int:
 
 @dataclass
 class _Outgoing:
-    parts: list[memoryview]  # p2p.bulk.stream_parts
+    parts: list[memoryview]  # p2p.net.bulk.stream_parts
     deadline: float
     index: int = 0  # the part being written
     offset: int = 0  # bytes of it written

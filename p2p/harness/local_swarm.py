@@ -17,12 +17,12 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from p2p.client import QueryError, state, status
+from p2p.net.client import QueryError, state, status
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """Ports the OS reports free right now, each with the next port free too (a node's bulk
-    port, p2p/bulk.py), and no two pairs overlapping. All are held while choosing, so none
+    port, p2p/net/bulk.py), and no two pairs overlapping. All are held while choosing, so none
     repeats."""
     held, ports = [], []
     try:

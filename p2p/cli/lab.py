@@ -1,4 +1,4 @@
-"""``p2p lab ...``: the shaped-network lab (p2p/lab.py) from the command line. Needs root.
+"""``p2p lab ...``: the shaped-network lab (p2p/harness/lab.py) from the command line. Needs root.
 
     p2p lab up --peers 4 --rate 100mbit      # namespaces p2plab-0..3 on bridge p2plab-br
     p2p lab status                           # namespaces, addresses, rates, link state
@@ -22,7 +22,7 @@ from typing import List, Optional
 
 import typer
 
-from p2p.lab import DEFAULT_PREFIX, DEFAULT_SUBNET, Lab, LabError, LabSwarm, parse_rate
+from p2p.harness.lab import DEFAULT_PREFIX, DEFAULT_SUBNET, Lab, LabError, LabSwarm, parse_rate
 
 lab_app = typer.Typer(
     add_completion=False,

@@ -41,7 +41,7 @@ def to_endpoint(text: str) -> str:
 
 
 def bulk_address(text: str) -> tuple[str, int]:
-    """The (host, port) of a node's bulk-transfer TCP port: its ZeroMQ port + 1 (p2p/bulk.py)."""
+    """The (host, port) of a node's bulk-transfer TCP port: its ZeroMQ port + 1 (p2p/net/bulk.py)."""
     host, port = parse_address(text)
     if port >= 65535:
         raise AddressError(f"address {text!r}: port {port} leaves no room for the bulk port {port + 1}")

@@ -19,7 +19,7 @@ receiver's downlink). ``cut(i)`` takes the host-side veth down (peer i keeps run
 nothing reaches it or leaves it); ``restore(i)`` brings it back. Root is required; every
 error is a ``LabError`` whose message says what to fix.
 
-``LabSwarm`` is ``p2p.swarm.LocalSwarm`` with each peer started inside its namespace
+``LabSwarm`` is ``p2p.harness.local_swarm.LocalSwarm`` with each peer started inside its namespace
 (``ip netns exec``) and listening on its namespace address.
 """
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from p2p.swarm import LocalSwarm
+from p2p.harness.local_swarm import LocalSwarm
 
 DEFAULT_PREFIX = "p2plab"
 DEFAULT_SUBNET = "10.77.0.0/24"

@@ -127,7 +127,7 @@ def format_table(r: dict) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def main() -> None:  # pragma: no cover - convenience entry point: python -m p2p.sim.cli
+def main() -> None:  # pragma: no cover - convenience entry point: python -m p2p.cli.simulate
     app = typer.Typer(add_completion=False)
     app.command("simulate")(simulate)
     app(args=["simulate", *sys.argv[1:]])

@@ -24,18 +24,18 @@ import torch
 
 from p2p.averaging.base import AveragingConfig
 from p2p.averaging.registry import make_averager, natural_topology
-from p2p.control import StateReply
-from p2p.driver import NetworkDriver
-from p2p.flat import FlatParams
+from p2p.net.control import StateReply
+from p2p.net.driver import NetworkDriver
+from p2p.training.flat import FlatParams
 from p2p.gossip import Membership, MembershipConfig
 from p2p.peer import Peer
-from p2p.step_hooks import StepHooks
-from p2p.task import Shard, Task
+from p2p.training.step_hooks import StepHooks
+from p2p.training.task import Shard, Task
 from p2p.topology import get_topology
-from p2p.trainer import TrainingLoop, TrainingState
-from p2p.transport import Transport, TransportConfig
+from p2p.training.trainer import TrainingLoop, TrainingState
+from p2p.net.transport import Transport, TransportConfig
 
-log = logging.getLogger("p2p.node")
+log = logging.getLogger("p2p.training.node")
 
 
 class JoinError(RuntimeError):

@@ -17,7 +17,7 @@ from typing import List, Optional
 import typer
 from typer.exceptions import TyperException
 
-from p2p.addresses import AddressError, bulk_address, parse_address
+from p2p.net.addresses import AddressError, bulk_address, parse_address
 
 app = typer.Typer(
     add_completion=False,
@@ -148,7 +148,7 @@ def start(
 ) -> None:
     """Run one node in the foreground until SIGINT/SIGTERM (or --steps/--duration)."""
     from p2p.gossip.config import PRESETS as MEMBERSHIP_CONFIGS
-    from p2p.task import Shard, TaskError, load_task
+    from p2p.training.task import Shard, TaskError, load_task
 
     _check_address("--listen", listen)
     try:
@@ -204,8 +204,8 @@ def start(
 
     import torch
 
-    from p2p.node import JoinError, Node, NodeConfig
-    from p2p.transport import TransportError
+    from p2p.training.node import JoinError, Node, NodeConfig
+    from p2p.net.transport import TransportError
 
     if threads:
         torch.set_num_threads(threads)
@@ -248,9 +248,9 @@ def status(
     timeout: float = typer.Option(3.0, help="Seconds to wait for the answer."),
 ) -> None:
     """Show a running node's member table and training progress."""
-    from p2p.client import QueryError
-    from p2p.client import status as query_status
-    from p2p.status_view import render_status
+    from p2p.net.client import QueryError
+    from p2p.net.client import status as query_status
+    from p2p.cli.status_view import render_status
 
     _check_address("--peer", peer, allow_wildcard=False)
     _positive("--timeout", timeout)
@@ -280,7 +280,7 @@ def demo(
     keep_logs: Optional[str] = typer.Option(None, help="Directory to keep the peers' logs in."),
 ) -> None:
     """Run a swarm of peers on this machine and report how close they get to one process."""
-    from p2p.demo import DemoConfig, DemoError, run_demo
+    from p2p.harness.demo import DemoConfig, DemoError, run_demo
 
     if peers < 1:
         raise CliError(f"--peers must be >= 1, got {peers}")
@@ -309,10 +309,10 @@ def demo(
 
 
 def _register_subcommands() -> None:
-    from p2p.sim.cli import simulate
+    from p2p.cli.simulate import simulate
 
     app.command("simulate", help="Run membership (or, with --algorithm, averaging) in the deterministic simulator.")(simulate)
-    from p2p.lab_cli import lab_app
+    from p2p.cli.lab import lab_app
 
     app.add_typer(lab_app, name="lab", help="A shaped-network lab: one network namespace per peer (needs root).")
 

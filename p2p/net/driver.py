@@ -15,14 +15,14 @@ from typing import Callable
 
 import zmq
 
-from p2p.control import StateReply, StateRequest, StatusReply, StatusRequest
+from p2p.net.control import StateReply, StateRequest, StatusReply, StatusRequest
 from p2p.peer import Peer
 from p2p.protocol import RemoteProtocolError, Send
-from p2p.step_hooks import StepHooks
-from p2p.transport import Incoming, Transport
+from p2p.training.step_hooks import StepHooks
+from p2p.net.transport import Incoming, Transport
 from p2p.wire import DEFAULT_LIMITS, Limits, decode, encode
 
-log = logging.getLogger("p2p.driver")
+log = logging.getLogger("p2p.net.driver")
 
 
 class NetworkDriver:

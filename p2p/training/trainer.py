@@ -16,8 +16,8 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from p2p.flat import FlatParams
-from p2p.step_hooks import StepHooks
+from p2p.training.flat import FlatParams
+from p2p.training.step_hooks import StepHooks
 
 
 @dataclass

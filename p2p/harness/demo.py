@@ -7,7 +7,7 @@
    stops falling (bounded), fetch every peer's final parameters and evaluate each on the
    task's held-out set here, in one place;
 4. stop the swarm and compare with one process trained on all the data for the same number
-   of samples (``p2p.reference``).
+   of samples (``p2p.harness.reference``).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from p2p.live_view import LiveView
-from p2p.reference import reference_accuracy
-from p2p.swarm import LocalSwarm, consensus_distance, free_ports
-from p2p.task import TaskError, load_task
+from p2p.cli.live_view import LiveView
+from p2p.harness.reference import reference_accuracy
+from p2p.harness.local_swarm import LocalSwarm, consensus_distance, free_ports
+from p2p.training.task import TaskError, load_task
 
 
 class DemoError(RuntimeError):

@@ -13,9 +13,9 @@ from typing import Any, Optional
 
 import torch
 
-from p2p.flat import FlatParams
-from p2p.task import Shard
-from p2p.trainer import TrainingLoop, TrainingState
+from p2p.training.flat import FlatParams
+from p2p.training.task import Shard
+from p2p.training.trainer import TrainingLoop, TrainingState
 
 CACHE_VERSION = 1
 
