@@ -12,7 +12,7 @@ import argparse
 import time
 
 from p2p.averaging.registry import ALGORITHMS
-from p2p.sim.avg_sim import Churn, run, sim_averaging_config
+from p2p.sim.avg_sim import Churn, run, sim_algorithm_options
 from p2p.topology import TOPOLOGIES
 from p2p.topology.graphs import log2_ceil
 
@@ -33,13 +33,13 @@ def main() -> None:
     print(f"{'algorithm':11s} {'topology':21s} {'consensus':>10s} {'gap':>10s} {'sim s':>7s} {'msg/step':>8s} {'wall s':>7s}")
     for algorithm in args.algorithms.split(","):
         for topology in args.topologies.split(","):
-            config = None
+            options = None
             if algorithm == "diloco":  # enough gossip rounds for the graph's mixing time
                 rounds = 1 if topology == "full" else 2 * log2_ceil(args.peers)
-                config = sim_averaging_config(0.05, "diloco", diloco_gossip_rounds=rounds)
+                options = sim_algorithm_options("diloco", gossip_rounds=rounds)
             t0 = time.perf_counter()
             r = run(algorithm, topology, peers=args.peers, steps=args.steps, seed=args.seed, loss=args.loss,
-                    churn=churn, stragglers=args.stragglers, config=config, lr_decay_steps=args.steps / 15)
+                    churn=churn, stragglers=args.stragglers, options=options, lr_decay_steps=args.steps / 15)
             wall = time.perf_counter() - t0
             per_step = r.network.get("sent", 0) / max(1, sum(r.steps.values()))
             print(f"{algorithm:11s} {topology:21s} {r.final_consensus / r.initial_consensus:10.2e} "

@@ -54,7 +54,7 @@ def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_n
     import torch
 
     from p2p.averaging.base import AveragingConfig
-    from p2p.averaging.diloco import DiLoCo
+    from p2p.averaging.diloco import DiLoCo, DiLoCoConfig
     from p2p.training.flat import FlatParams
     from p2p.training.task import Shard, load_task
     from p2p.wire import decode, encode
@@ -72,11 +72,11 @@ def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_n
         batches.append(task.train_batches(Shard(i, peers), zlib.crc32(f"{seed}:{name}".encode())))
     if variant not in ("ddp", "compute_only"):
         codec, h, lr, mom = variant.split(":")
-        config = AveragingConfig(compression=codec, diloco_inner_steps=int(h), diloco_outer_lr=float(lr),
-                                 diloco_outer_momentum=float(mom), round_timeout_s=3600.0)
+        config = AveragingConfig(compression=codec, round_timeout_s=3600.0)
+        options = DiLoCoConfig(inner_steps=int(h), outer_lr=float(lr), outer_momentum=float(mom))
         for flat in flats:
             ports.append(_Port(flat, f"{task_name}/{flat.numel}"))
-            algs.append(DiLoCo(config, ports[-1], random.Random(seed), 0.0))
+            algs.append(DiLoCo(config, ports[-1], random.Random(seed), 0.0, options))
     sent = 0
     acc: dict[int, float] = {}
     t0 = time.time()
@@ -84,12 +84,12 @@ def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_n
         for i in range(peers):
             flats[i].apply_pending()  # the outer step DiLoCo queued, as the trainer does
             models[i].train()
-            flats[i].zero_grad()
+            opts[i].zero_grad(set_to_none=True)
             task.loss(models[i], next(batches[i])).backward()
         if variant == "ddp":  # all-reduce: every rank steps on the mean gradient
-            mean = sum(f.grad for f in flats) / peers
+            mean = sum(f.gradient() for f in flats) / peers
             for f in flats:
-                f.grad.copy_(mean)
+                f.set_gradient(mean)
         for i in range(peers):
             opts[i].step()
         if algs:

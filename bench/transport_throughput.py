@@ -101,7 +101,7 @@ def bench_zmq(arr: np.ndarray, repeats: int) -> float:
 def _p2p_receiver(addr_q, repeats, numel):
     from p2p.averaging.adpsgd import AvgRequest
     from p2p.net.transport import Transport, TransportConfig
-    from p2p.harness.local_swarm import free_ports
+    from p2p.net.ports import free_ports
     from p2p.wire import DEFAULT_LIMITS, decode, encode
 
     (port,) = free_ports(1)
@@ -126,7 +126,7 @@ def _p2p_receiver(addr_q, repeats, numel):
 
 def bench_p2p(arr: np.ndarray, repeats: int) -> float:
     from p2p.averaging.adpsgd import AvgRequest
-    from p2p.harness.local_swarm import free_ports
+    from p2p.net.ports import free_ports
     from p2p.net.transport import Transport, TransportConfig
     from p2p.wire import decode, encode
 

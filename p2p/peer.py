@@ -50,3 +50,16 @@ class Peer:
 
     def next_deadline(self) -> float:
         return min(self.membership.next_deadline(), self.averager.next_deadline())
+
+    @property
+    def joined(self) -> bool:
+        """Some member answered: we are part of a swarm (or its first member)."""
+        return self.membership.joined
+
+    def busy(self) -> bool:
+        """An averaging exchange is in flight (a stop waits for it, bounded by its timeout)."""
+        return self.averager.busy()
+
+    def leave(self, now: float) -> list[Send]:
+        """Announce a graceful stop to the other members."""
+        return self.membership.leave(now)

@@ -17,8 +17,8 @@ def test_algorithm_trains_and_mixes_with_real_peers(algorithm, tmp_path):
     steps = 300
     args = ["--task", "synthetic", "--membership", "local", "--algorithm", algorithm,
             "--topology", natural_topology(algorithm), "--steps", str(steps), "--linger", "-1",
-            "--log-every", "0", "--eval-every", "1", "--round-timeout", "2", "--diloco-inner-steps", "20",
-            "--join-timeout", "60"]
+            "--log-every", "0", "--eval-every", "1", "--round-timeout", "2",
+            "--join-timeout", "60"] + (["--diloco-inner-steps", "20"] if algorithm == "diloco" else [])
     with LocalSwarm(3, tmp_path, args, per_peer_args=[["--shard", f"{i}/3"] for i in range(3)]) as swarm:
         swarm.start()
         def statuses():

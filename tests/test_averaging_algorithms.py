@@ -7,13 +7,13 @@ import pytest
 
 from p2p.averaging.adpsgd import AvgReply, AvgRequest, PairwiseGossip
 from p2p.averaging.base import AveragingConfig, staleness_weight
-from p2p.averaging.diloco import DiLoCo, OuterShare
+from p2p.averaging.diloco import DiLoCo, DiLoCoConfig, OuterShare
 from p2p.averaging.dpsgd import Dpsgd, DpsgdParams
-from p2p.averaging.elastic import ElasticGossip, ElasticReply, ElasticRequest
-from p2p.averaging.gossipgrad import GossipGraD, GradientModelShare, GradientShare, model_round
+from p2p.averaging.elastic import ElasticConfig, ElasticGossip, ElasticReply, ElasticRequest
+from p2p.averaging.gossipgrad import GossipGraD, GossipGraDConfig, GradientModelShare, GradientShare, model_round
 from p2p.averaging.registry import ALGORITHMS, SYNCHRONOUS, make_averager, natural_topology
 from p2p.averaging.rounds import LEAD, MAX_BUFFERED_ROUNDS, NeighbourRounds
-from p2p.averaging.sgp import PushSum, PushSumShare
+from p2p.averaging.sgp import PushSum, PushSumShare, SGPConfig
 from p2p.protocol import LocalProtocolError, RemoteProtocolError
 from p2p.sim.avg_port import ArrayPort
 from p2p.topology import TOPOLOGIES
@@ -26,9 +26,9 @@ def vec(*values):
     return np.array(values, dtype=np.float32)
 
 
-def make(cls, values, config=CFG, seed=0):
+def make(cls, values, config=CFG, seed=0, options=None):
     port = ArrayPort(values, KEY, immediate=True)
-    return port, cls(config, port, random.Random(seed), 0.0)
+    return port, cls(config, port, random.Random(seed), 0.0, options=options)
 
 
 def deliver(receiver, sends, src, now, neighbours=()):
@@ -64,13 +64,23 @@ def test_registry_names_topologies_and_tags():
         make_averager("allreduce", CFG, ArrayPort(np.zeros(4)), random.Random(0), 0.0)
 
 
-def test_config_validates():
-    for bad in (dict(round_timeout_s=0), dict(elastic_alpha=1.0), dict(diloco_inner_steps=0),
-                dict(diloco_outer_momentum=1.0), dict(diloco_outer_lr=float("nan")), dict(diloco_outer_lr=float("inf")),
-                dict(gossipgrad_model_every=-1), dict(staleness_tau=0)):
-        with pytest.raises(ValueError):
-            AveragingConfig(**bad)
-    assert AveragingConfig().diloco_outer_lr == 0.7 and not AveragingConfig().staleness_aware
+@pytest.mark.parametrize("config, bad", [
+    (AveragingConfig, dict(round_timeout_s=0)), (AveragingConfig, dict(staleness_tau=0)),
+    (ElasticConfig, dict(alpha=1.0)), (DiLoCoConfig, dict(inner_steps=0)), (DiLoCoConfig, dict(outer_momentum=1.0)),
+    (DiLoCoConfig, dict(outer_lr=float("nan"))), (DiLoCoConfig, dict(outer_lr=float("inf"))),
+    (GossipGraDConfig, dict(model_every=-1)), (SGPConfig, dict(push_interval_s=-1))])
+def test_configs_validate(config, bad):
+    with pytest.raises(ValueError):
+        config(**bad)
+
+
+def test_each_algorithm_takes_its_own_settings():
+    assert DiLoCoConfig().outer_lr == 0.7 and not AveragingConfig().staleness_aware
+    for name, cls in ALGORITHMS.items():
+        avg = make_averager(name, CFG, ArrayPort(np.zeros(4)), random.Random(0), 0.0)
+        assert isinstance(avg.options, cls.Config)
+    with pytest.raises(ValueError, match="DiLoCoConfig"):
+        make_averager("diloco", CFG, ArrayPort(np.zeros(4)), random.Random(0), 0.0, options=ElasticConfig())
 
 
 # -- D-PSGD ----------------------------------------------------------------------------------
@@ -181,8 +191,8 @@ def test_push_sum_rejects_impossible_weights(weight):
 
 # -- elastic gossip --------------------------------------------------------------------------
 def test_elastic_moves_both_ends_alpha_of_the_way_and_is_zero_sum():
-    pa, a = make(ElasticGossip, [0, 0, 0, 0], AveragingConfig(interval_s=0.1, elastic_alpha=0.25))
-    pb, b = make(ElasticGossip, [8, 8, 8, 8], AveragingConfig(interval_s=0.1, elastic_alpha=0.1))
+    pa, a = make(ElasticGossip, [0, 0, 0, 0], AveragingConfig(interval_s=0.1), options=ElasticConfig(0.25))
+    pb, b = make(ElasticGossip, [8, 8, 8, 8], AveragingConfig(interval_s=0.1), options=ElasticConfig(0.1))
     (req,) = a.tick(1.0, ["b"])
     assert isinstance(req.msg, ElasticRequest) and req.msg.alpha == 0.25
     (rep,) = b.receive("a", req.msg, 1.0, ["a"])  # b uses the requester's alpha, not its own
@@ -202,12 +212,13 @@ def test_elastic_rejects_bad_alpha(alpha):
 
 
 # -- GossipGraD ------------------------------------------------------------------------------
-GG = AveragingConfig(round_timeout_s=1.0, gossipgrad_model_every=2)
+GG = AveragingConfig(round_timeout_s=1.0)
+GG_OPTIONS = GossipGraDConfig(model_every=2)
 
 
 def gg_pair():
-    pa, a = make(GossipGraD, [0, 0, 0, 0], GG)
-    pb, b = make(GossipGraD, [4, 4, 4, 4], GG)
+    pa, a = make(GossipGraD, [0, 0, 0, 0], GG, options=GG_OPTIONS)
+    pb, b = make(GossipGraD, [4, 4, 4, 4], GG, options=GG_OPTIONS)
     pa.grad, pb.grad = vec(1, 1, 1, 1), vec(3, 3, 3, 3)
     return (pa, a), (pb, b)
 
@@ -263,12 +274,13 @@ def test_gossipgrad_timeout_keeps_own_gradient_and_no_partner_never_waits():
 
 
 # -- DiLoCo ----------------------------------------------------------------------------------
-DL = AveragingConfig(round_timeout_s=1.0, diloco_inner_steps=2, diloco_outer_lr=0.7, diloco_outer_momentum=0.9)
+DL = AveragingConfig(round_timeout_s=1.0)
+DL_OPTIONS = DiLoCoConfig(inner_steps=2, outer_lr=0.7, outer_momentum=0.9)
 
 
 def test_diloco_outer_nesterov_step_on_the_gossip_averaged_pseudo_gradient():
-    pa, a = make(DiLoCo, [2, 2, 2, 2], DL)
-    pb, b = make(DiLoCo, [2, 2, 2, 2], DL)
+    pa, a = make(DiLoCo, [2, 2, 2, 2], DL, options=DL_OPTIONS)
+    pb, b = make(DiLoCo, [2, 2, 2, 2], DL, options=DL_OPTIONS)
     assert a.after_step(1, 0.0, ["b"]) == [] and a.may_step(2, 0.0)
     pa.x -= vec(0.2, 0.2, 0.2, 0.2)  # two inner steps' worth
     pb.x -= vec(0.6, 0.6, 0.6, 0.6)
@@ -288,9 +300,10 @@ def test_diloco_outer_nesterov_step_on_the_gossip_averaged_pseudo_gradient():
 
 
 def test_diloco_several_gossip_rounds_continue_through_tick():
-    cfg = AveragingConfig(round_timeout_s=1.0, diloco_inner_steps=1, diloco_gossip_rounds=2)
-    pa, a = make(DiLoCo, [0, 0, 0, 0], cfg)
-    pb, b = make(DiLoCo, [2, 2, 2, 2], cfg)
+    cfg = AveragingConfig(round_timeout_s=1.0)
+    options = DiLoCoConfig(inner_steps=1, gossip_rounds=2)
+    pa, a = make(DiLoCo, [0, 0, 0, 0], cfg, options=options)
+    pb, b = make(DiLoCo, [2, 2, 2, 2], cfg, options=options)
     sa, sb = a.after_step(1, 0.0, ["b"]), b.after_step(1, 0.0, ["a"])
     deliver(a, sb, "b", 0.1)
     deliver(b, sa, "a", 0.1)
@@ -305,8 +318,7 @@ def test_diloco_several_gossip_rounds_continue_through_tick():
 
 
 def test_diloco_alone_steps_with_its_own_pseudo_gradient():
-    cfg = AveragingConfig(diloco_inner_steps=1, diloco_outer_lr=1.0, diloco_outer_momentum=0.0)
-    pa, a = make(DiLoCo, [1, 1, 1, 1], cfg)
+    pa, a = make(DiLoCo, [1, 1, 1, 1], AveragingConfig(), options=DiLoCoConfig(1, outer_lr=1.0, outer_momentum=0.0))
     pa.x -= 0.5
     assert a.after_step(1, 0.0, []) == [] and a.may_step(2, 0.0)
     np.testing.assert_allclose(pa.x, 0.5)  # lr 1, no momentum: plain local SGD

@@ -6,20 +6,20 @@ import numpy as np
 import pytest
 
 from p2p.averaging.base import AveragingConfig
-from p2p.averaging.diloco import DiLoCo
+from p2p.averaging.diloco import DiLoCo, DiLoCoConfig
 from p2p.averaging.dpsgd import Dpsgd
 from p2p.averaging.rounds import LEAD
-from p2p.averaging.sgp import PushSum
+from p2p.averaging.sgp import PushSum, SGPConfig
 from tests.test_averaging_algorithms import deliver
 from tests.test_averaging_algorithms import make as make_averager
 
 KEY = "m/4"
-CFG = AveragingConfig(interval_s=0.1, exchange_timeout_s=1.0, round_timeout_s=1.0,
-                      sgp_push_interval_s=0.02, diloco_inner_steps=2)
+CFG = AveragingConfig(interval_s=0.1, exchange_timeout_s=1.0, round_timeout_s=1.0)
+OPTIONS = {PushSum: SGPConfig(push_interval_s=0.02), DiLoCo: DiLoCoConfig(inner_steps=2)}
 
 
 def make(cls, values, config=CFG, seed=0):
-    return make_averager(cls, values, config, seed)
+    return make_averager(cls, values, config, seed, options=OPTIONS.get(cls))
 
 
 # -- SGP -------------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ def test_step_hooks_forward_training_done_to_the_network_side():
             assert hooks.serves_done
             hooks.training_done(7)
             assert hooks.wake_socket.poll(5000)
-            hooks.service(avg, 0.0, lambda: [])
+            hooks.service(0.0, lambda: [])
             assert (avg._rounds.serving if cls is not PushSum else avg._done)
         finally:
             hooks.close_trainer_side()

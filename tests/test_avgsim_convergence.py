@@ -7,7 +7,7 @@ import pytest
 from p2p.averaging.registry import ALGORITHMS, check_combination
 from p2p.topology import TIME_VARYING
 from p2p.averaging.sgp import PushSum
-from p2p.sim.avg_sim import Churn, run, sim_averaging_config
+from p2p.sim.avg_sim import Churn, run, sim_algorithm_options, sim_averaging_config
 from p2p.sim.invariants import InvariantViolation
 from p2p.topology import TOPOLOGIES
 
@@ -24,8 +24,8 @@ GAP = {name: 0.01 for name in ALGORITHMS} | {"diloco": 0.04}
 
 
 def simulate(algorithm, topology=None, **kw):
-    if algorithm == "diloco" and "config" not in kw:
-        kw["config"] = sim_averaging_config(0.05, "diloco", diloco_gossip_rounds=DILOCO_ROUNDS[topology or "full"])
+    if algorithm == "diloco" and "options" not in kw:
+        kw["options"] = sim_algorithm_options("diloco", gossip_rounds=DILOCO_ROUNDS[topology or "full"])
     kw.setdefault("peers", PEERS)
     kw.setdefault("steps", STEPS)
     kw.setdefault("seed", 1)

@@ -14,7 +14,7 @@ from p2p.averaging.adpsgd import AvgRequest
 from p2p.net.bulk import MAGIC, BufferPool, StreamReader, stream_parts
 from p2p.net.control import StatusRequest
 from p2p.protocol import RemoteProtocolError
-from p2p.harness.local_swarm import free_ports
+from p2p.net.ports import free_ports
 from p2p.net.transport import Transport, TransportConfig
 from p2p.net.bulk import BulkConfig
 from p2p.wire import DEFAULT_LIMITS, decode, encode

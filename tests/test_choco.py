@@ -2,7 +2,6 @@
 initial mean (and naive compressed averaging does not); bootstrap, resync, churn, rejection."""
 
 import random
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -10,19 +9,14 @@ from p2p.sim.avg_port import ArrayPort as SimArrayPort
 import pytest
 
 from p2p.averaging.base import AveragingConfig
-from p2p.averaging.choco import ChocoDelta, ChocoGossip, ChocoReset, ChocoResync
+from p2p.averaging.choco import ChocoConfig, ChocoDelta, ChocoGossip, ChocoReset, ChocoResync
+from p2p.averaging.diloco import DiLoCoConfig
+from p2p.averaging.registry import make_averager
 from p2p.topology.weights import metropolis_hastings_weight as metropolis_weight
 from p2p.compression import decompress, make_compressor
 from p2p.compression.messages import compressed_fields
 from p2p.protocol import RemoteProtocolError
 from p2p.wire import decode, encode, registered_tags
-
-
-@dataclass(frozen=True)
-class Cfg(AveragingConfig):
-    """AveragingConfig plus the field CHOCO reads (until the lead adds it there)."""
-
-    choco_gamma: float = 1.0
 
 
 def ArrayPort(values, key="m"):
@@ -50,8 +44,9 @@ class Swarm:
         rng = np.random.default_rng(seed)
         self.ports = {a: ArrayPort(rng.normal(size=dim) * 10) for a in self.names}
         self.initial_mean = self.x().mean(axis=0)
-        cfg = Cfg(interval_s=1.0, exchange_timeout_s=2.0, choco_gamma=gamma)
-        self.peers = {a: ChocoGossip(cfg, self.ports[a], random.Random(i), 0.0, compressor=compressors[i % len(compressors)])
+        cfg = AveragingConfig(interval_s=1.0, exchange_timeout_s=2.0)
+        self.peers = {a: ChocoGossip(cfg, self.ports[a], random.Random(i), 0.0, ChocoConfig(gamma),
+                                     compressor=compressors[i % len(compressors)])
                       for i, a in enumerate(self.names)}
         self.t = 0
         self.wire_every = wire_every
@@ -216,7 +211,7 @@ def test_lost_delta_triggers_resync_and_recovery():
 
 def test_resync_requests_are_rate_limited():
     port = ArrayPort(np.zeros(8))
-    peer = ChocoGossip(Cfg(interval_s=1.0, exchange_timeout_s=2.0), port, random.Random(0), 0.0,
+    peer = ChocoGossip(AveragingConfig(interval_s=1.0, exchange_timeout_s=2.0), port, random.Random(0), 0.0,
                        compressor=make_compressor("fp16"))
     q = make_compressor("fp16").compress(np.ones(8, np.float32))
     delta = lambda seq: ChocoDelta(**compressed_fields(q), stream=5, seq=seq, degree=1, model_key="m")
@@ -234,7 +229,7 @@ def test_leaving_neighbour_is_forgotten_and_restarted_peer_starts_a_new_stream()
     assert set(swarm.peers["p0"].copies()) == {"p1"} and "p2" not in swarm.peers["p0"].synced()
     # p1 restarts: a new object, a new stream, seq 1 from x̂ = 0; p0 starts a fresh copy
     old = swarm.peers["p1"]
-    swarm.peers["p1"] = ChocoGossip(Cfg(interval_s=1.0, exchange_timeout_s=2.0), swarm.ports["p1"],
+    swarm.peers["p1"] = ChocoGossip(AveragingConfig(interval_s=1.0, exchange_timeout_s=2.0), swarm.ports["p1"],
                                     random.Random(99), float(swarm.t), compressor=make_compressor("int8", block=16))
     assert swarm.peers["p1"].stream != old.stream
     swarm.round()
@@ -260,7 +255,7 @@ def test_duplicate_delta_is_ignored():
 
 def test_messages_from_non_neighbours_are_ignored():
     port = ArrayPort(np.zeros(8))
-    peer = ChocoGossip(Cfg(interval_s=1.0), port, random.Random(0), 0.0, compressor=make_compressor("none"))
+    peer = ChocoGossip(AveragingConfig(interval_s=1.0), port, random.Random(0), 0.0, compressor=make_compressor("none"))
     q = make_compressor("none").compress(np.ones(8, np.float32))
     assert peer.receive("x", ChocoDelta(**compressed_fields(q), stream=1, seq=1, degree=1, model_key="m"), 1.0, ["b"]) == []
     assert peer.receive("x", ChocoReset(1, 3, 1, "m", np.ones(8, np.float32)), 1.0, ["b"]) == []
@@ -281,7 +276,7 @@ def test_messages_from_non_neighbours_are_ignored():
 ])
 def test_incompatible_messages_are_rejected_and_model_untouched(msg, reason):
     port = ArrayPort(np.full(8, 4.0))
-    peer = ChocoGossip(Cfg(interval_s=1.0), port, random.Random(0), 0.0, compressor=make_compressor("none"))
+    peer = ChocoGossip(AveragingConfig(interval_s=1.0), port, random.Random(0), 0.0, compressor=make_compressor("none"))
     with pytest.raises(RemoteProtocolError) as info:
         peer.receive("b", msg, 1.0, ["b"])
     assert info.value.reason == reason
@@ -290,7 +285,7 @@ def test_incompatible_messages_are_rejected_and_model_untouched(msg, reason):
 
 def test_no_neighbours_no_round():
     port = ArrayPort(np.ones(8))
-    peer = ChocoGossip(Cfg(interval_s=1.0), port, random.Random(0), 0.0, compressor=make_compressor("sign"))
+    peer = ChocoGossip(AveragingConfig(interval_s=1.0), port, random.Random(0), 0.0, compressor=make_compressor("sign"))
     assert peer.tick(5.0, []) == [] and peer.seq == 0
     assert peer.next_deadline() == pytest.approx(6.0) and not peer.busy()
 
@@ -300,7 +295,9 @@ def test_config_and_defaults():
     assert peer.name == "choco" and peer.compressor.name == "none" and peer.gamma == 1.0
     assert peer.natural_topology in ("ring", "full")
     with pytest.raises(ValueError):
-        ChocoGossip(Cfg(choco_gamma=0.0), ArrayPort(np.ones(4)), random.Random(0), 0.0)
+        ChocoConfig(gamma=0.0)
+    with pytest.raises(ValueError):
+        make_averager("choco", AveragingConfig(), ArrayPort(np.ones(4)), random.Random(0), 0.0, options=DiLoCoConfig())
 
 
 def test_tags_are_pinned_and_messages_round_trip():
@@ -321,8 +318,7 @@ def test_codec_and_gamma_come_from_the_config():
     peer = ChocoGossip(cfg, ArrayPort(np.ones(4)), random.Random(0), 0.0)
     assert peer.compressor.name == "topk" and peer.compressor.fraction == 0.05
     assert peer.gamma == pytest.approx(0.1)  # suggested_gamma: twice the kept fraction
-    cfg.choco_gamma = 0.3
-    assert ChocoGossip(cfg, ArrayPort(np.ones(4)), random.Random(0), 0.0).gamma == 0.3
+    assert ChocoGossip(cfg, ArrayPort(np.ones(4)), random.Random(0), 0.0, ChocoConfig(0.3)).gamma == 0.3
 
 
 def sgd_swarm(codec, params, rounds=200, lr=0.05):

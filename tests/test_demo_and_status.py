@@ -49,7 +49,7 @@ def test_status_prints_the_member_table(tmp_path):
 
 
 def test_status_of_a_silent_address_is_one_line_and_non_zero():
-    from p2p.harness.local_swarm import free_ports
+    from p2p.net.ports import free_ports
 
     (port,) = free_ports(1)
     out = subprocess.run([sys.executable, "-m", "p2p", "status", "--peer", f"127.0.0.1:{port}", "--timeout", "0.5"],

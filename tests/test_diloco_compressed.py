@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from p2p.averaging.base import AveragingConfig
-from p2p.averaging.diloco import SKETCH_SIZE, DiLoCo, OuterShare, OuterShareQ, sketch_positions, sketches_differ
+from p2p.averaging.diloco import SKETCH_SIZE, DiLoCo, DiLoCoConfig, OuterShare, OuterShareQ, sketch_positions, sketches_differ
 from p2p.averaging.registry import check_combination
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.compression import decompress, make_compressor
@@ -20,10 +20,10 @@ KEY = f"m/{N}"
 EMPTY = np.empty(0, np.float32)
 
 
-def make(values, **cfg):
-    config = AveragingConfig(round_timeout_s=1.0, diloco_inner_steps=1, **cfg)
+def make(values, options=DiLoCoConfig(inner_steps=1), **cfg):
+    config = AveragingConfig(round_timeout_s=1.0, **cfg)
     port = ArrayPort(np.asarray(values, dtype=np.float32), KEY, immediate=True)
-    return port, DiLoCo(config, port, random.Random(0), 0.0)
+    return port, DiLoCo(config, port, random.Random(0), 0.0, options)
 
 
 def outer_round(peers, now):

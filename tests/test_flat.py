@@ -52,9 +52,41 @@ def test_wrong_delta_shape_is_refused():
         flat.add_delta(np.ones(flat.numel + 1, dtype=np.float32))
 
 
-def test_non_float32_models_are_refused():
+def test_a_model_in_several_dtypes_is_one_float32_vector_to_the_averager():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2).to(torch.bfloat16))
+    expected = np.concatenate([p.detach().float().reshape(-1).numpy() for p in m.parameters()])
+    flat = FlatParams(m)
+    assert len(flat.groups) == 2 and flat.dtypes == [torch.float32, torch.bfloat16]
+    snap = flat.snapshot()
+    assert snap.dtype == np.float32 and snap.shape == (16 + 10,)
+    np.testing.assert_array_equal(snap, expected)  # bf16 values are exact in float32
+    delta = np.full(flat.numel, 0.5, dtype=np.float32)
+    flat.add_delta(delta)
+    flat.apply_pending()
+    assert all(p.dtype == d for p, d in zip(m.parameters(), [torch.float32] * 2 + [torch.bfloat16] * 2))
+    after = flat.snapshot()
+    np.testing.assert_allclose(after[:16], expected[:16] + 0.5, rtol=1e-6)
+    bf16 = torch.from_numpy(expected[16:] + 0.5).to(torch.bfloat16).float().numpy()  # one rounding
+    np.testing.assert_array_equal(after[16:], bf16)
+
+
+def test_frozen_integer_parameters_are_left_alone_and_a_frozen_model_is_refused():
+    m = torch.nn.Linear(2, 2)
+    m.register_parameter("count", torch.nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False))
+    FlatParams(m)  # frozen integer buffers are not averaged: fine
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        FlatParams(torch.nn.Linear(2, 2).requires_grad_(False))
+
+
+def test_load_overwrites_the_parameters_and_drops_stale_deltas():
+    flat = FlatParams(model())
+    flat.add_delta(np.ones(flat.numel, dtype=np.float32))
+    flat.load(np.arange(flat.numel, dtype=np.float32))
+    assert flat.apply_pending() == 0
+    np.testing.assert_array_equal(flat.snapshot(), np.arange(flat.numel, dtype=np.float32))
     with pytest.raises(ValueError):
-        FlatParams(torch.nn.Linear(2, 2).double())
+        flat.load(np.zeros(3, dtype=np.float32))
 
 
 def test_snapshot_includes_queued_deltas_so_concurrent_mixes_stay_convex():
@@ -71,16 +103,18 @@ def test_snapshot_includes_queued_deltas_so_concurrent_mixes_stay_convex():
     np.testing.assert_allclose(flat.snapshot(), ((x + 1.0) + b) / 2, rtol=1e-5, atol=1e-6)
 
 
-def test_backward_accumulates_into_the_flat_gradient():
+def test_gradients_gather_and_scatter_in_vector_order_even_after_set_to_none():
     m = model()
     flat = FlatParams(m)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    for _ in range(2):  # the views must survive zero_grad + backward + step
-        flat.zero_grad()
-        m(torch.ones(2, 3)).sum().backward()
-        expected = torch.cat([p.grad.reshape(-1) for p in m.parameters()])
-        assert torch.equal(flat.grad, expected) and flat.grad.abs().sum() > 0
-        opt.step()
-    grad = flat.gradient()
-    flat.set_gradient(np.zeros_like(grad))
-    assert all(float(p.grad.abs().sum()) == 0 for p in m.parameters())
+    m(torch.ones(2, 3)).sum().backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in m.parameters()]).numpy()
+    np.testing.assert_array_equal(flat.gradient(), expected)
+    opt.zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in m.parameters())
+    np.testing.assert_array_equal(flat.gradient(), np.zeros(flat.numel, dtype=np.float32))  # none yet: zeros
+    flat.set_gradient(np.arange(flat.numel, dtype=np.float32))  # creates them
+    np.testing.assert_array_equal(flat.gradient(), np.arange(flat.numel, dtype=np.float32))
+    before = flat.snapshot()
+    opt.step()
+    np.testing.assert_allclose(flat.snapshot(), before - 0.1 * np.arange(flat.numel), rtol=1e-5, atol=1e-6)

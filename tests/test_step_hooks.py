@@ -32,7 +32,7 @@ class GatedAverager(AsynchronousHooks):
 def serve_once(hooks, averager, sent):
     """What the network thread does when woken: wait for a post, then service it."""
     assert hooks.wake_socket.poll(5000), "the trainer's post never woke the network side"
-    sent += hooks.service(averager, 0.0, lambda: ["peer:1"])
+    sent += hooks.service(0.0, lambda: ["peer:1"])
 
 
 def test_trainer_waits_for_the_gate_and_hooks_run_on_the_serving_side():
@@ -46,7 +46,7 @@ def test_trainer_waits_for_the_gate_and_hooks_run_on_the_serving_side():
     serve_once(hooks, averager, sent)
     assert trainer.is_alive() and averager.calls == [("may_step", 1)]  # gate closed: it waits
     averager.open_step = 1
-    sent += hooks.service(averager, 0.0, lambda: ["peer:1"])  # e.g. after the round's messages
+    sent += hooks.service(0.0, lambda: ["peer:1"])  # e.g. after the round's messages
     serve_once(hooks, averager, sent)  # on_gradient
     serve_once(hooks, averager, sent)  # after_step
     trainer.join(10)
@@ -79,6 +79,6 @@ def test_asynchronous_averagers_cost_the_trainer_nothing():
     hooks.before_step(1)
     hooks.gradient(1)
     hooks.after_step(1)
-    assert hooks.service(Async(), 0.0, lambda: []) == []
+    assert hooks.service(0.0, lambda: []) == []
     hooks.close_trainer_side()
     hooks.close()

@@ -48,8 +48,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, ModelPort, check_params, decoded_params,
-                               staleness_weight)
+from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, ModelPort, NoOptions, check_params,
+                               decoded_params, staleness_weight)
 from p2p.bandwidth import BandwidthConfig, BandwidthMonitor
 from p2p.compression import Compressor, decompress, make_compressor
 from p2p.compression.messages import CompressedFields, compressed_fields
@@ -130,9 +130,12 @@ class PairwiseGossip(AsynchronousHooks):
 
     COMPRESSED_MESSAGES: tuple[type, ...] = (AvgRequestQ, AvgReplyQ)
     CODECS: tuple[str, ...] = PARAMETER_CODECS + ("auto",)  # what --compression may say
+    Config: type = NoOptions  # subclasses with settings of their own name their class here
 
-    def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float) -> None:
+    def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float,
+                 options: object = None) -> None:
         self.config = config
+        self.options = options if options is not None else self.Config()
         self.port = port
         self.rng = rng
         self._auto = config.compression == "auto"

@@ -9,8 +9,6 @@ preserved however exchanges interleave with training and with each other.
 
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass
 from typing import Optional, Protocol, Sequence
 
@@ -130,25 +128,19 @@ class AsynchronousHooks:
 
 @dataclass(frozen=True)
 class AveragingConfig:
-    """Settings shared by the averaging algorithms."""
+    """Settings every averaging algorithm shares. An algorithm's own settings live in its own
+    config class (``DiLoCoConfig``, ``ElasticConfig``, ...: the class attribute ``Config``),
+    passed to it as ``options``."""
 
     interval_s: float = 0.05  # pause between the end of one exchange and the start of the next
     exchange_timeout_s: float = 2.0  # an exchange with no reply by then is dropped, not retried
     round_timeout_s: float = 5.0  # synchronous rounds (dpsgd, gossipgrad, diloco) stop waiting for missing neighbours after this
     staleness_aware: bool = False  # scale a partner's mixing weight by 1/(1 + staleness/tau) when its step count is behind ours
     staleness_tau: float = 10.0  # steps of staleness that halve a partner's weight (staleness_aware only)
-    elastic_alpha: float = 0.25  # elastic gossip: both ends move this fraction of the way to each other (0.5 = plain averaging)
-    diloco_inner_steps: int = 50  # DiLoCo H: local (inner optimizer) steps between outer synchronisations
-    diloco_outer_lr: float = 0.7  # DiLoCo outer learning rate on the averaged pseudo-gradient (paper: 0.7)
-    diloco_outer_momentum: float = 0.9  # DiLoCo outer Nesterov momentum (paper: 0.9)
-    diloco_gossip_rounds: int = 1  # neighbour-averaging rounds of the pseudo-gradient per outer step (1 is exact on "full")
-    sgp_push_interval_s: float = 0.02  # SGP: at most one push per this long (0: every step, as in the paper); bounds the weight in flight when steps outpace the network
-    gossipgrad_model_every: int = 8  # GossipGraD: average models with the partner every this many steps (0: gradients only)
-    # Read by p2p/compression (compressor_from_config) and p2p/averaging/choco.py:
+    # Read by p2p/compression (compressor_from_config) and the algorithms that compress:
     compression: str = "none"  # codec for compressed averaging: none | int8 | sign | topk ...
     compression_block: Optional[int] = None  # int8/sign block size (None: the codec's default)
     compression_topk_fraction: Optional[float] = None  # topk: fraction of entries kept (None: 0.01)
-    choco_gamma: Optional[float] = None  # CHOCO consensus step size (None: suggested for the codec)
     # Bandwidth awareness (p2p/bandwidth.py), used by the pairwise algorithms:
     bandwidth_aware: bool = True  # stretch the interval, prefer fast partners from measured exchanges
     comm_fraction: float = 0.5  # keep exchanges to at most this share of wall time
@@ -161,16 +153,11 @@ class AveragingConfig:
             raise ValueError("interval_s must be >= 0 and exchange_timeout_s > 0")
         if self.round_timeout_s <= 0 or self.staleness_tau <= 0:
             raise ValueError("round_timeout_s and staleness_tau must be > 0")
-        if not 0 < self.elastic_alpha < 1:
-            raise ValueError("elastic_alpha must be in (0, 1)")
-        if self.diloco_inner_steps < 1 or self.diloco_gossip_rounds < 1:
-            raise ValueError("diloco_inner_steps and diloco_gossip_rounds must be >= 1")
-        if not 0 < self.diloco_outer_lr < math.inf or not 0 <= self.diloco_outer_momentum < 1:
-            raise ValueError("diloco_outer_lr must be > 0 and diloco_outer_momentum in [0, 1)")
-        if self.sgp_push_interval_s < 0:
-            raise ValueError("sgp_push_interval_s must be >= 0")
-        if self.gossipgrad_model_every < 0:
-            raise ValueError("gossipgrad_model_every must be >= 0")
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The ``Config`` of an algorithm with no settings of its own."""
 
 
 def staleness_weight(my_step: int, their_step: int, tau: float) -> float:

@@ -9,7 +9,7 @@ neighbours believe about it) and a copy x̂_j of each neighbour's public copy. E
 ``interval_s`` (an asynchronous algorithm: training never waits) peer i
 
 1. mixes: x_i += γ Σ_j w_ij (x̂_j − x̂_i) over the neighbours whose copy it holds
-   (``port.add_delta``; γ = ``choco_gamma``; w_ij = 1 / (1 + max(d_i, d_j)), Metropolis-
+   (``port.add_delta``; γ = ``ChocoConfig.gamma``; w_ij = 1 / (1 + max(d_i, d_j)), Metropolis-
    Hastings, d = the topology degree, which travels with every message);
 2. publishes: q_i = Q(x_i − x̂_i) with its ``Compressor``; x̂_i += D(q_i); sends q_i, the same
    record, to every neighbour (one compression per round, not per edge).
@@ -38,8 +38,8 @@ id drawn at construction, so a restarted peer is never mistaken for its former s
 
 Costs. Memory: (2 + degree) float32 vectors (x̂_i, the copies, a mixing buffer). Traffic per
 round: one compressed record per neighbour, plus one float32 model per (re)synced edge.
-Config read (getattr with defaults, until AveragingConfig grows the fields): ``interval_s``,
-``exchange_timeout_s``, ``choco_gamma`` (None or absent: ``suggested_gamma``), and through
+Settings read: ``AveragingConfig.interval_s``,
+``exchange_timeout_s``, ``ChocoConfig.gamma`` (None: ``suggested_gamma``), and through
 ``compressor_from_config`` ``compression`` / ``compression_block`` /
 ``compression_topk_fraction`` when no compressor is passed.
 """
@@ -58,6 +58,17 @@ from p2p.compression.messages import CompressedFields, compressed_fields
 from p2p.topology.weights import metropolis_hastings_weight
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.wire import message
+
+
+@dataclass(frozen=True)
+class ChocoConfig:
+    """CHOCO-gossip's own setting."""
+
+    gamma: Optional[float] = None  # consensus step size in (0, 1] (None: ``suggested_gamma`` for the codec)
+
+    def __post_init__(self) -> None:
+        if self.gamma is not None and not 0 < self.gamma <= 1:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
 
 
 def suggested_gamma(compressor: Compressor) -> float:
@@ -126,17 +137,17 @@ class ChocoGossip(AsynchronousHooks):
     name = "choco"
     natural_topology = "ring"  # the paper's; any symmetric graph (ring, torus, exponential, full) works
     MESSAGES = (ChocoDelta, ChocoReset, ChocoResync)
+    Config = ChocoConfig
 
     def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float,
-                 compressor: Optional[Compressor] = None) -> None:
+                 options: ChocoConfig | None = None, compressor: Optional[Compressor] = None) -> None:
         self.config = config
+        self.options = options or ChocoConfig()
         self.port = port
         self.rng = rng
         self.compressor = compressor if compressor is not None else compressor_from_config(config)
-        gamma = getattr(config, "choco_gamma", None)
+        gamma = self.options.gamma
         self.gamma = suggested_gamma(self.compressor) if gamma is None else float(gamma)
-        if not 0 < self.gamma <= 1:
-            raise ValueError(f"choco_gamma must be in (0, 1], got {self.gamma}")
         self.interval = float(config.interval_s)
         self.forget_after = max(float(config.exchange_timeout_s), 4 * self.interval)
         self.stream = rng.getrandbits(62)

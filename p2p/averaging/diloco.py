@@ -9,7 +9,7 @@ shared outer parameters:
     m <- mu m + Delta_avg;   theta_start <- theta_start - lr (Delta_avg + mu m);   theta <- theta_start
 
 Decentralised: there is no all-reduce and no coordinator. At the outer boundary a peer runs
-``diloco_gossip_rounds`` synchronous neighbour-averaging rounds (``rounds.py``, Metropolis-
+``gossip_rounds`` synchronous neighbour-averaging rounds (``rounds.py``, Metropolis-
 Hastings weights; one round on ``full`` is the exact average, log2 n rounds on ``hypercube``
 for n a power of two). Each round mixes the PAIR (theta_start, Delta): the paper's workers share
 theta_start by construction; here each peer holds its own copy, and averaging it along with
@@ -56,7 +56,7 @@ round, with the outer momentum, and that round's mix pulls both together (on ``f
 exact average; a repaired theta_start with momenta still apart would drift again). A round whose
 shares carried theta_start is not compared (its mix is the repair). A left-out theta_start is
 an empty tensor, which the round mixes as "equal to mine". With int4 an outer step then moves
-~N/7 of a model per neighbour instead of 3N. With ``diloco_gossip_rounds`` > 1 (sparse graphs,
+~N/7 of a model per neighbour instead of 3N. With ``gossip_rounds`` > 1 (sparse graphs,
 where no round is an exact average and the copies are never equal) theta_start and the momentum
 travel in every round.
 
@@ -88,6 +88,22 @@ SKETCH_RTOL = 1e-4
 _NO_PARAMS = np.empty(0, dtype=np.float32)
 
 
+@dataclass(frozen=True)
+class DiLoCoConfig:
+    """DiLoCo's own settings (Douillard et al., 2023, Sec. 2: H, the outer Nesterov step)."""
+
+    inner_steps: int = 50  # H: local (inner optimizer) steps between outer synchronisations
+    outer_lr: float = 0.7  # outer learning rate on the averaged pseudo-gradient (paper: 0.7)
+    outer_momentum: float = 0.9  # outer Nesterov momentum (paper: 0.9)
+    gossip_rounds: int = 1  # neighbour-averaging rounds of the pseudo-gradient per outer step (1 is exact on "full")
+
+    def __post_init__(self) -> None:
+        if self.inner_steps < 1 or self.gossip_rounds < 1:
+            raise ValueError("inner_steps and gossip_rounds must be >= 1")
+        if not 0 < self.outer_lr < math.inf or not 0 <= self.outer_momentum < 1:
+            raise ValueError("outer_lr must be a finite number > 0 and outer_momentum in [0, 1)")
+
+
 def sketch_positions(numel: int) -> np.ndarray:
     """The fixed theta_start positions every peer samples (evenly spread, all tensors)."""
     return np.unique(np.linspace(0, max(numel - 1, 0), min(SKETCH_SIZE, numel)).astype(np.int64))
@@ -100,7 +116,7 @@ def sketches_differ(mine: np.ndarray, theirs: np.ndarray) -> bool:
 @message(28)
 @dataclass(frozen=True)
 class OuterShare:
-    round: int  # the sender's gossip round (diloco_gossip_rounds per outer step)
+    round: int  # the sender's gossip round (gossip_rounds per outer step)
     step: int  # the sender's local step count
     degree: int  # the sender's neighbour count this round
     model_key: str
@@ -146,13 +162,17 @@ class DiLoCo(AsynchronousHooks):
     natural_topology = "full"
     MESSAGES = (OuterShare, OuterShareQ)
     CODECS = CODECS
+    Config = DiLoCoConfig
+    default_round_timeout_s = 20.0  # its rounds move whole models once per H steps (12 MB at 20 Mbit/s: 5 s)
     wants_gradient = False
 
-    def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float) -> None:
+    def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float,
+                 options: DiLoCoConfig | None = None) -> None:
         if config.compression not in CODECS:
             raise LocalProtocolError(f"diloco cannot compress with {config.compression!r} "
                                      f"(it supports: {', '.join(CODECS)})")
         self.config = config
+        self.options = options or DiLoCoConfig()
         self.port = port
         self._compressor = None if config.compression == "none" else compressor_from_config(config)
         self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0}
@@ -165,7 +185,7 @@ class DiLoCo(AsynchronousHooks):
         self._repair: set[str] = set()  # send theta_start to these in the next round
         # Several gossip rounds per outer step (sparse graphs) leave every copy a little apart by
         # design: theta_start is mixed in every round there, as the averaging needs.
-        self._params_every_round = config.diloco_gossip_rounds > 1
+        self._params_every_round = self.options.gossip_rounds > 1
         self._momentum = np.zeros_like(self._start)
         self._syncing = False  # between the boundary and the outer step
         self._payload: tuple[np.ndarray, ...] = ()
@@ -263,7 +283,7 @@ class DiLoCo(AsynchronousHooks):
         self._compare_sketches(self._rounds.round)
         self._payload = self._rounds.finish(self.port.step, tau).payload
         self._packed = None
-        if self._rounds.round % self.config.diloco_gossip_rounds or self._rounds.behind:
+        if self._rounds.round % self.options.gossip_rounds or self._rounds.behind:
             # More gossip rounds in this outer step, or we fell behind the swarm's rounds (a
             # joiner): tick begins the next round (at the swarm's round number) right away.
             self._set_payload(*self._payload)
@@ -272,11 +292,11 @@ class DiLoCo(AsynchronousHooks):
         self._outer_step(now)
 
     def _outer_step(self, now: float) -> None:
-        cfg = self.config
+        opts = self.options
         start, delta, momentum = self._payload
-        mu = np.float32(cfg.diloco_outer_momentum)
+        mu = np.float32(opts.outer_momentum)
         self._momentum = mu * momentum + delta
-        self._start = start - np.float32(cfg.diloco_outer_lr) * (delta + mu * self._momentum)
+        self._start = start - np.float32(opts.outer_lr) * (delta + mu * self._momentum)
         self.port.add_delta(self._start - self.port.snapshot())
         self._syncing = False
         self._payload = ()
@@ -292,7 +312,7 @@ class DiLoCo(AsynchronousHooks):
     def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
         if self._syncing:
             raise LocalProtocolError("after_step() before may_step() turned True")
-        if step % self.config.diloco_inner_steps:
+        if step % self.options.inner_steps:
             return []
         self._set_payload(self._start, self._start - self.port.snapshot(), self._momentum)
         self._syncing = True

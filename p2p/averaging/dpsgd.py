@@ -44,7 +44,7 @@ from typing import Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, NoOptions, check_params
 from p2p.averaging.rounds import NeighbourRounds, ServesRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -66,10 +66,13 @@ class Dpsgd(ServesRounds, AsynchronousHooks):
     name = "dpsgd"
     natural_topology = "exponential"
     MESSAGES = (DpsgdParams,)
+    Config = NoOptions
     wants_gradient = False
 
-    def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float) -> None:
+    def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float,
+                 options: NoOptions | None = None) -> None:
         self.config = config
+        self.options = options or NoOptions()
         self.port = port
         self.stats: dict[str, int] = {}
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats)

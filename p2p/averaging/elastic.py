@@ -49,6 +49,17 @@ class ElasticReply:
     params: np.ndarray
 
 
+@dataclass(frozen=True)
+class ElasticConfig:
+    """Elastic gossip's own setting."""
+
+    alpha: float = 0.25  # both ends move this fraction of the way to each other (0.5 = plain averaging)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 1:
+            raise ValueError("alpha must be in (0, 1)")
+
+
 class ElasticGossip(PairwiseGossip):
     """Symmetric elastic pairwise gossip (module docstring)."""
 
@@ -57,9 +68,10 @@ class ElasticGossip(PairwiseGossip):
     MESSAGES = (ElasticRequest, ElasticReply)
     COMPRESSED_MESSAGES = ()  # elastic mixes exact parameters only
     CODECS = ("none",)
+    Config = ElasticConfig
 
     def _request(self, exchange: int, snapshot: np.ndarray) -> object:
-        return ElasticRequest(exchange, self.port.step, self.config.elastic_alpha, self.port.model_key, snapshot)
+        return ElasticRequest(exchange, self.port.step, self.options.alpha, self.port.model_key, snapshot)
 
     def _reply(self, request: object, snapshot: np.ndarray) -> object:
         return ElasticReply(request.exchange, self.port.step, self.port.model_key, snapshot)
@@ -71,4 +83,4 @@ class ElasticGossip(PairwiseGossip):
         return alpha
 
     def _own_fraction(self) -> float:
-        return self.config.elastic_alpha
+        return self.options.alpha

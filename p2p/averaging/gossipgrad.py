@@ -10,7 +10,7 @@ every peer in log2 n steps at O(1) messages per peer per step.
 Hooks (step k, gradient round r):
 - ``on_gradient(k)``: g_i = ``port.gradient()``; send GradientShare(r, g_i) to this round's
   partner(s) (the topology's neighbours at ``topology_round()``). One round in
-  ``gossipgrad_model_every`` (``model_round``) the message is a GradientModelShare that
+  ``GossipGraDConfig.model_every`` (``model_round``) the message is a GradientModelShare that
   carries the parameters too (see below).
 - ``gradient_ready(k)``: False until the partner's round-r message arrived or
   ``round_timeout_s`` passed; then ``port.set_gradient`` with the Metropolis-Hastings mix
@@ -24,7 +24,7 @@ every peer applies the same averaged gradient; with a single partner the average
 differ, so models drift apart (boundedly for a decaying learning rate), and a late joiner's
 model would never be pulled in. The paper relies on identical starts; averaging the parameters
 with the same partner every few rounds bounds the drift and admits joiners at no extra round
-trip (``gossipgrad_model_every = 0`` turns it off). Both partners agree on which rounds carry
+trip (``model_every = 0`` turns it off). Both partners agree on which rounds carry
 parameters because the round number is shared (``model_round``).
 
 Invariants: the gradient mix on a symmetric pairing preserves the swarm's mean gradient, so the
@@ -62,7 +62,7 @@ class GradientShare:
 @message(27)
 @dataclass(frozen=True)
 class GradientModelShare:
-    round: int  # a round that averages parameters too (model_round(round, gossipgrad_model_every))
+    round: int  # a round that averages parameters too (model_round(round, model_every))
     step: int
     degree: int
     model_key: str
@@ -89,16 +89,30 @@ def model_round(r: int, every: int) -> bool:
     return every > 0 and _mix64(r) % every == 0
 
 
+@dataclass(frozen=True)
+class GossipGraDConfig:
+    """GossipGraD's own setting."""
+
+    model_every: int = 8  # average models with the partner every this many steps (0: gradients only)
+
+    def __post_init__(self) -> None:
+        if self.model_every < 0:
+            raise ValueError("model_every must be >= 0")
+
+
 class GossipGraD(ServesRounds, AsynchronousHooks):
     """Rotating-partner gradient gossip (module docstring)."""
 
     name = "gossipgrad"
     natural_topology = "hypercube"
     MESSAGES = (GradientShare, GradientModelShare)
+    Config = GossipGraDConfig
     wants_gradient = True
 
-    def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float) -> None:
+    def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float,
+                 options: GossipGraDConfig | None = None) -> None:
         self.config = config
+        self.options = options or GossipGraDConfig()
         self.port = port
         self.stats: dict[str, int] = {"model_rounds": 0}
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats)
@@ -120,7 +134,7 @@ class GossipGraD(ServesRounds, AsynchronousHooks):
         if self._rounds.waiting:
             raise LocalProtocolError("on_gradient() before gradient_ready() turned True")
         grad = self.port.gradient()
-        self._with_model = model_round(self._rounds.next_round(), self.config.gossipgrad_model_every)
+        self._with_model = model_round(self._rounds.next_round(), self.options.model_every)
         key, d = self.port.model_key, len(neighbours)
         if self._with_model:
             params = self.port.snapshot()
@@ -160,7 +174,7 @@ class GossipGraD(ServesRounds, AsynchronousHooks):
         # training never waits a round timeout for it; that halves its step for the round, as
         # a partner with nothing to learn from should. ``neighbours`` are for ``served``.
         grad = np.zeros(self.port.numel, dtype=np.float32)
-        self._with_model = model_round(served, self.config.gossipgrad_model_every)
+        self._with_model = model_round(served, self.options.model_every)
         key, d = self.port.model_key, len(neighbours)
         if self._with_model:
             params = self.port.snapshot()

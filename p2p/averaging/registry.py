@@ -70,10 +70,25 @@ def check_combination(name: str, topology: str, compression: str = "none") -> No
         raise ValueError(f"{name} does not support compression {compression!r} (it supports: {', '.join(codecs)})")
 
 
+def config_class(name: str) -> type:
+    """The class of an algorithm's own settings (``NoOptions`` when it has none)."""
+    return _lookup(name).Config
+
+
+def default_round_timeout_s(name: str, shared_default: float) -> float:
+    """The round timeout an algorithm wants when none is given (DiLoCo's rounds move models)."""
+    return getattr(_lookup(name), "default_round_timeout_s", shared_default)
+
+
 def make_averager(name: str, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float,
-                  **kw: Any) -> Averager:
-    """Build the averager registered as ``name``; unknown names raise ValueError."""
-    return _lookup(name)(config, port, rng, now, **kw)
+                  options: Any = None, **kw: Any) -> Averager:
+    """Build the averager registered as ``name`` with its own settings ``options`` (an
+    instance of its ``Config``; None: the defaults). Unknown names and settings of another
+    algorithm raise ValueError."""
+    cls = _lookup(name)
+    if options is not None and not isinstance(options, cls.Config):
+        raise ValueError(f"{name} takes {cls.Config.__name__} settings, got {type(options).__name__}")
+    return cls(config, port, rng, now, options=options, **kw)
 
 
 def _lookup(name: str):

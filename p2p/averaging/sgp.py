@@ -22,7 +22,7 @@ i.e. while little weight is in flight and every peer gets back about as much as 
 rules keep it so on a real network (the simulator, with a push per step and messages that
 arrive within a step, needs neither):
 
-- Pacing. A peer pushes at most once per ``sgp_push_interval_s`` (steps in between keep
+- Pacing. A peer pushes at most once per ``SGPConfig.push_interval_s`` (steps in between keep
   training and are carried by the next push). Pushing on every step when steps are faster than
   the network (a small model: hundreds of steps/s, one model-sized message each) queues shares
   for many steps: most of the mass is then in flight, so w_i shrinks to 2 / (2 + d) for d steps
@@ -80,15 +80,29 @@ class PushSumShare:
     params: np.ndarray  # the sender's de-biased model z_j (numerator = weight * params)
 
 
+@dataclass(frozen=True)
+class SGPConfig:
+    """SGP's own setting."""
+
+    push_interval_s: float = 0.02  # push at most once per this long (0: every step, as in the paper); bounds the weight in flight when steps outpace the network
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.push_interval_s < math.inf:
+            raise ValueError("push_interval_s must be a finite number >= 0")
+
+
 class PushSum(AsynchronousHooks):
     """Stochastic Gradient Push (module docstring)."""
 
     name = "sgp"
     natural_topology = "one-peer-exponential"
     MESSAGES = (PushSumShare,)
+    Config = SGPConfig
 
-    def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float) -> None:
+    def __init__(self, config: AveragingConfig, port: ModelPort, rng: random.Random, now: float,
+                 options: SGPConfig | None = None) -> None:
         self.config = config
+        self.options = options or SGPConfig()
         self.port = port
         self.rng = rng
         self.weight = 1.0  # push-sum weight w_i
@@ -123,7 +137,7 @@ class PushSum(AsynchronousHooks):
 
     def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
         self._last_step = max(self._last_step, step)
-        if now < self._last_push + self.config.sgp_push_interval_s:
+        if now < self._last_push + self.options.push_interval_s:
             self.stats["pushes_skipped"] += 1
             return []
         self._last_push = now

@@ -24,7 +24,8 @@ import torch
 
 from p2p.cli.live_view import LiveView
 from p2p.harness.reference import reference_accuracy
-from p2p.harness.local_swarm import LocalSwarm, consensus_distance, free_ports
+from p2p.harness.local_swarm import LocalSwarm, consensus_distance
+from p2p.net.ports import free_ports
 from p2p.training.task import TaskError, load_task
 
 

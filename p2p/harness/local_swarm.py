@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,33 +17,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from p2p.net.client import QueryError, state, status
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports the OS reports free right now, each with the next port free too (a node's bulk
-    port, p2p/net/bulk.py), and no two pairs overlapping. All are held while choosing, so none
-    repeats."""
-    held, ports = [], []
-    try:
-        while len(ports) < count:
-            first = socket.socket()
-            first.bind((host, 0))
-            held.append(first)
-            port = first.getsockname()[1]
-            if port >= 65535 or port + 1 in ports or port - 1 in ports:
-                continue
-            second = socket.socket()
-            try:
-                second.bind((host, port + 1))
-            except OSError:
-                second.close()
-                continue
-            held.append(second)
-            ports.append(port)
-        return ports
-    finally:
-        for s in held:
-            s.close()
+from p2p.net.ports import free_ports
 
 
 def consensus_distance(vectors: Sequence[np.ndarray]) -> float:

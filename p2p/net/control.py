@@ -22,7 +22,7 @@ class StatusRequest:
 @message(41)
 @dataclass(frozen=True)
 class StatusReply:
-    info: dict  # node, training and averaging counters; see Node.status_info
+    info: dict  # node, training and averaging counters; see Swarm.status (p2p/training/swarm.py)
 
 
 @message(42)

@@ -74,7 +74,7 @@ class NetworkDriver:
             if self.stop_requested.is_set():
                 if shutdown_deadline is None:
                     shutdown_deadline = now + self.shutdown_grace_s
-                if not self.peer.averager.busy() or now >= shutdown_deadline:
+                if not self.peer.busy() or now >= shutdown_deadline:
                     break
             timeout = min(max(self.peer.next_deadline() - now, 0.0), 0.05)
             for incoming in self.transport.receive(timeout, now):
@@ -83,15 +83,16 @@ class NetworkDriver:
             now = time.monotonic()
             if now >= self._next_housekeeping:
                 self.transport.housekeeping(now, self.peer.neighbours())
+                self.status_info()  # refreshes what the training thread's status() shows
                 self._next_housekeeping = now + 1.0
             if self.hooks is not None:
-                self._send_all(self.hooks.service(self.peer.averager, now, self.peer.neighbours))
+                self._send_all(self.hooks.service(now, self.peer.neighbours))
             if now >= self.peer.next_deadline():
                 self._send_all(self.peer.tick(now))
         if self.hooks is not None:
             self.hooks.release()  # a trainer waiting on a gate goes on (and sees the stop)
             self.transport.poller.unregister(self.hooks.wake_socket)
-        self._send_all(self.peer.membership.leave(time.monotonic()))
+        self._send_all(self.peer.leave(time.monotonic()))
         self.transport.close(linger_s=0.5)  # give the leave announcements a moment to go out
 
     def _handle(self, incoming: Incoming) -> None:

@@ -55,7 +55,7 @@ from typing import Any, Optional
 import numpy as np
 
 from p2p.averaging.base import AveragingConfig
-from p2p.averaging.registry import make_averager, natural_topology
+from p2p.averaging.registry import config_class, make_averager, natural_topology
 from p2p.averaging.sgp import PushSumShare
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.sim.avg_port import ArrayPort
@@ -78,15 +78,24 @@ class Churn:
     detect_s: float = 0.2  # a crashed peer stays in the others' member lists this long
 
 
-def sim_averaging_config(compute_s: float = 0.05, algorithm: Optional[str] = None,
+SIM_OPTIONS = {"diloco": dict(inner_steps=10), "gossipgrad": dict(model_every=4)}  # scaled to short runs
+
+
+def sim_algorithm_options(algorithm: str, **overrides: Any) -> Any:
+    """The algorithm's own settings for short simulated runs (DiLoCo H = 10, GossipGraD models
+    every 4 rounds), with ``overrides``."""
+    return config_class(algorithm)(**{**SIM_OPTIONS.get(algorithm, {}), **overrides})
+
+
+def sim_averaging_config(compute_s: float = 0.05, algorithm: Optional[str] = None, options: Any = None,
                          **overrides: Any) -> AveragingConfig:
     """AveragingConfig scaled to the simulator's step time: one exchange per step or so, rounds
     time out after 10 steps; DiLoCo's after 2 H steps (its boundary wait must absorb the time
     lag between peers, which grows up to H steps of speed difference)."""
-    inner = overrides.get("diloco_inner_steps", 10)
-    timeout = (2 * inner if algorithm == "diloco" else 10) * compute_s
-    base = dict(interval_s=compute_s, exchange_timeout_s=10 * compute_s, round_timeout_s=timeout,
-                diloco_inner_steps=inner, gossipgrad_model_every=4)
+    steps = 10
+    if algorithm == "diloco":
+        steps = 2 * (options or sim_algorithm_options("diloco")).inner_steps
+    base = dict(interval_s=compute_s, exchange_timeout_s=10 * compute_s, round_timeout_s=steps * compute_s)
     base.update(overrides)
     return AveragingConfig(**base)
 
@@ -138,7 +147,7 @@ class AvgSimulation:
                  compute_s: float = 0.05, compute_jitter: float = 0.1, lr: float = 0.2,
                  lr_decay_steps: float = 30.0, dim: int = 8, heterogeneity: float = 1.0,
                  init_spread: float = 1.0, noise: float = 0.0, config: Optional[AveragingConfig] = None,
-                 topology_options: Optional[dict] = None, linger_s: float = 0.5,
+                 options: Any = None, topology_options: Optional[dict] = None, linger_s: float = 0.5,
                  sample_every_s: float = 0.25, wire: bool = False, check_invariants: bool = True,
                  max_time_s: Optional[float] = None) -> None:
         if peers < 1 or steps < 1 or not 0 <= loss < 1:
@@ -151,7 +160,8 @@ class AvgSimulation:
         self.delay_s, self.jitter_s = delay_s, jitter_s
         self.churn, self.compute_s, self.compute_jitter = churn, compute_s, compute_jitter
         self.lr, self.lr_decay_steps, self.noise = lr, lr_decay_steps, noise
-        self.config = config or sim_averaging_config(compute_s, algorithm)
+        self.options = options if options is not None else sim_algorithm_options(algorithm)
+        self.config = config or sim_averaging_config(compute_s, algorithm, self.options)
         self.linger_s, self.sample_every_s, self.wire = linger_s, sample_every_s, wire
         self.check_invariants = check_invariants
         self.rng = random.Random(f"{seed}:avgsim")
@@ -265,7 +275,8 @@ class AvgSimulation:
         port = ArrayPort(self.inits[i], model_key=f"quadratic/{self.problem.dim}")
         port.step = step0
         now = self.now
-        avg = make_averager(self.algorithm, self.config, port, random.Random(f"{self.seed}:avg:{i}"), now)
+        avg = make_averager(self.algorithm, self.config, port, random.Random(f"{self.seed}:avg:{i}"), now,
+                            options=self.options)
         slow = self.straggler_factor if i in self.straggler_ids else 1.0
         self.peers[i] = _Peer(self.addrs[i], avg, port, np.random.default_rng([self.seed, 7, i]),
                               self.compute_s * slow, self.steps)

@@ -29,6 +29,7 @@ class StepHooks:
     def __init__(self, averager: object, gate_timeout_s: float, context: zmq.Context | None = None) -> None:
         # Hooks an algorithm inherits as no-ops from AsynchronousHooks cost the trainer nothing:
         # no per-step wake-up of the network thread, no waiting.
+        self.averager = averager
         kind = type(averager)
         self.gates_steps = getattr(kind, "may_step", None) is not AsynchronousHooks.may_step
         self.wants_gradient = bool(getattr(averager, "wants_gradient", False))
@@ -89,8 +90,9 @@ class StepHooks:
             self._push = None
 
     # -- network thread -----------------------------------------------------------------
-    def service(self, averager: object, now: float, neighbours_of: Callable[[], Sequence[str]]) -> list[Send]:
+    def service(self, now: float, neighbours_of: Callable[[], Sequence[str]]) -> list[Send]:
         """Run posted hooks and re-check the gate the trainer waits on. Returns sends."""
+        averager = self.averager
         while True:
             try:
                 self.wake_socket.recv(zmq.NOBLOCK)

@@ -1,9 +1,10 @@
-"""The local training loop: the one thread that writes the model.
+"""The daemon's training loop over a ``Task``: the plain loop a user would write.
 
-Each step: apply the averaging deltas other threads queued, take a batch, forward, backward,
-optimizer step under the parameter lock. It never waits on the network. Evaluation on the
-task's held-out set runs every ``eval_every_s`` seconds. After the last step the loop keeps
-applying deltas (the *linger* phase) so the peer keeps mixing with the swarm until stopped.
+Each step: take a batch, forward and loss under ``torch.autocast`` when a lower precision is
+asked (bf16, or fp16 with a ``GradScaler``), backward, ``optimizer.step()``,
+``optimizer.zero_grad()``. With a ``SwarmOptimizer`` (p2p/training/optimizer.py) that step is
+where averaging happens; with a plain optimizer (the demo's single-process reference) this is
+ordinary training. Held-out evaluation runs every ``eval_every_s`` seconds.
 """
 
 from __future__ import annotations
@@ -11,27 +12,22 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from p2p.training.flat import FlatParams
-from p2p.training.step_hooks import StepHooks
+PRECISIONS: dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
-class TrainingState:
-    """What the training thread reports; plain fields, written by one thread only."""
+class LoopState:
+    """What the training loop reports; written by the training thread only."""
 
-    phase: str = "starting"  # starting, joining, training, lingering, stopped
-    step: int = 0
+    iterations: int = 0  # batches trained on (fp16 steps a GradScaler skipped included)
     loss: float = math.nan  # moving average of the training loss
     accuracy: float = math.nan  # last held-out accuracy
     eval_loss: float = math.nan
-    deltas_applied: int = 0
-    started_at: float = field(default_factory=time.monotonic)
-    steps_per_s: float = 0.0
 
 
 def to_device(batch: tuple, device: torch.device) -> tuple:
@@ -39,16 +35,25 @@ def to_device(batch: tuple, device: torch.device) -> tuple:
 
 
 class TrainingLoop:
-    def __init__(self, task: Any, model: torch.nn.Module, flat: FlatParams, optimizer: Any,
-                 batches: Iterator[tuple], device: torch.device, state: TrainingState,
-                 eval_every_s: float = 2.0, slowdown: float = 1.0, hooks: Optional[StepHooks] = None) -> None:
-        self.task, self.model, self.flat, self.optimizer = task, model, flat, optimizer
-        self.hooks = hooks  # the averager's step hooks; None when training alone
-        self.batches, self.device, self.state = batches, device, state
+    def __init__(self, task: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 batches: Iterator[tuple], device: torch.device, precision: str = "fp32",
+                 eval_every_s: float = 2.0, slowdown: float = 1.0,
+                 steps_done: Optional[Callable[[], int]] = None,
+                 on_report: Optional[Callable[[LoopState], None]] = None) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision {precision!r}: choose from {', '.join(PRECISIONS)}")
+        self.task, self.model, self.optimizer = task, model, optimizer
+        self.batches, self.device = batches, device
+        self.autocast_dtype = PRECISIONS[precision]
+        # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
         self.eval_every_s = eval_every_s
         # Test-only straggler knob: each step's compute takes `slowdown` times as long (it
-        # sleeps the rest); waiting at the averager's gates is not scaled.
+        # sleeps the rest); time spent waiting at an averaging gate is not scaled.
         self.slowdown = slowdown
+        self.state = LoopState()
+        self.steps_done = steps_done or (lambda: self.state.iterations)  # applied steps
+        self.on_report = on_report or (lambda state: None)
 
     def evaluate(self) -> None:
         self.model.eval()
@@ -56,80 +61,46 @@ class TrainingLoop:
         self.model.train()
         self.state.accuracy = float(metrics["accuracy"])
         self.state.eval_loss = float(metrics.get("loss", math.nan))
+        self.on_report(self.state)
 
     def step(self) -> float:
-        """One local step; the averager's hooks may gate it (see p2p/averaging/base.py)."""
-        k = self.state.step + 1
-        hooks = self.hooks
-        self.state.deltas_applied += self.flat.apply_pending()
-        if hooks is not None and hooks.gates_steps:
-            hooks.before_step(k)
-            self.state.deltas_applied += self.flat.apply_pending()  # e.g. the round just mixed
+        """One training step; returns its loss."""
         started = time.monotonic()
         batch = to_device(next(self.batches), self.device)
-        self.flat.zero_grad()
-        loss = self.task.loss(self.model, batch)
-        loss.backward()
-        compute = time.monotonic() - started
-        if hooks is not None:
-            hooks.gradient(k)
-        started = time.monotonic()
-        with self.flat.lock:
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            loss = self.task.loss(self.model, batch)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            compute = time.monotonic() - started
+            self.scaler.step(self.optimizer)  # skipped (no swarm step) when gradients overflowed
+            self.scaler.update()
+        else:
+            loss.backward()
+            compute = time.monotonic() - started
             self.optimizer.step()
-        compute += time.monotonic() - started
-        if self.slowdown > 1.0:  # the straggler knob scales compute only, never time spent waiting
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.slowdown > 1.0:  # the compute parts only: backward and forward, not the gate in step()
             time.sleep(compute * (self.slowdown - 1.0))
-        if hooks is not None:
-            hooks.after_step(k)
+        self.state.iterations += 1
         return float(loss.detach())
 
     def run(self, stop: threading.Event, steps: Optional[int], duration_s: Optional[float]) -> None:
+        """Train until ``steps`` applied steps, ``duration_s`` seconds, or ``stop``."""
         state = self.state
-        state.phase = "training"
         self.model.train()
         start = last_eval = time.monotonic()
-        ema = None
         while not stop.is_set():
-            if steps is not None and state.step >= steps:
+            if steps is not None and self.steps_done() >= steps:
                 break
             if duration_s is not None and time.monotonic() - start >= duration_s:
                 break
             value = self.step()
-            if not math.isfinite(value):
-                raise FloatingPointError(f"training loss became {value} at step {state.step}")
-            ema = value if ema is None else 0.95 * ema + 0.05 * value
-            state.loss = ema
-            state.step += 1
-            now = time.monotonic()
-            state.steps_per_s = state.step / max(now - start, 1e-9)
-            if now - last_eval >= self.eval_every_s:
+            if not math.isfinite(value) and self.scaler is None:
+                raise FloatingPointError(f"training loss became {value} at step {self.steps_done()}")
+            if math.isfinite(value):
+                state.loss = value if math.isnan(state.loss) else 0.95 * state.loss + 0.05 * value
+            self.on_report(state)
+            if time.monotonic() - last_eval >= self.eval_every_s:
                 self.evaluate()
-                last_eval = now
-        if self.hooks is not None and self.hooks.gates_steps and not stop.is_set():
-            # Finish the round the last step began (D-PSGD's mix, DiLoCo's outer step): those
-            # land in the gate before the next step, which would otherwise never come.
-            self.hooks.before_step(state.step + 1)
-            state.deltas_applied += self.flat.apply_pending()
-        if self.hooks is not None and not stop.is_set():
-            self.hooks.training_done(state.step)  # from now on the averager serves the others
-        self.evaluate()
-
-    def linger(self, stop: threading.Event, linger_s: Optional[float]) -> None:
-        """Keep applying averaging deltas (no training) until stopped or ``linger_s`` passes."""
-        self.state.phase = "lingering"
-        end = None if linger_s is None else time.monotonic() + linger_s
-        last_eval = time.monotonic()
-        unevaluated = 0  # deltas applied since the last evaluation
-        while not stop.wait(0.02):
-            if end is not None and time.monotonic() >= end:
-                break
-            applied = self.flat.apply_pending()
-            self.state.deltas_applied += applied
-            unevaluated += applied
-            # Re-evaluate once the model changed, even if the last deltas came just after an
-            # evaluation: the reported accuracy must catch up with the mixed model.
-            if unevaluated and time.monotonic() - last_eval >= self.eval_every_s:
-                self.evaluate()
-                last_eval, unevaluated = time.monotonic(), 0
-        self.state.deltas_applied += self.flat.apply_pending()
+                last_eval = time.monotonic()
         self.evaluate()
