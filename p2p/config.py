@@ -51,7 +51,8 @@ class SwarmConfig:
     join: tuple[str, ...] = ()  # any known members; empty: first member of a new swarm
     node_id: Optional[str] = None  # defaults to the advertised address
     seed: int = 0  # run seed: this member's protocol randomness comes from (seed, node id)
-    join_timeout_s: float = 30.0  # keep retrying the join addresses this long
+    join_timeout_s: float = 30.0  # keep retrying the join addresses (and waiting for min_members) this long
+    min_members: int = 1  # start training once this many members (this one included) are alive
     linger_s: Optional[float] = 0.0  # keep averaging this long after training ends (None: until stopped)
     algorithm: str = "adpsgd"  # averaging algorithm (p2p.averaging.registry)
     topology: Optional[str] = None  # None: the algorithm's natural topology
@@ -158,7 +159,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("join", "swarm", "join", _addresses, "HOST:PORT of any member; repeat for several. None: start a new swarm."),
     Setting("node_id", "swarm", "node_id", _node_id, "Node id (default: the advertised address)."),
     Setting("seed", "swarm", "seed", _seed, "Run seed: the same on every peer."),
-    Setting("join_timeout", "swarm", "join_timeout_s", lambda v: float(_number(v)), "Seconds to keep retrying the join addresses."),
+    Setting("join_timeout", "swarm", "join_timeout_s", lambda v: float(_number(v)),
+            "Seconds to keep retrying the join addresses (and waiting for --min-members)."),
+    Setting("min_members", "swarm", "min_members", lambda v: _number(v, low=1, low_ok=True, integer=True),
+            "Start training once this many members (this one included) are alive."),
     Setting("linger", "swarm", "linger_s", _linger, "Seconds to keep averaging after training ends (-1: until stopped)."),
     Setting("algorithm", "swarm", "algorithm", lambda v: _choice(v, tuple(ALGORITHMS)),
             "Averaging algorithm: " + ", ".join(ALGORITHMS) + "."),

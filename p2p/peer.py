@@ -56,6 +56,10 @@ class Peer:
         """Some member answered: we are part of a swarm (or its first member)."""
         return self.membership.joined
 
+    def live_members(self) -> int:
+        """Members believed alive or suspect, this one included (the swarm size as we see it)."""
+        return self.membership.num_live()
+
     def busy(self) -> bool:
         """An averaging exchange is in flight (a stop waits for it, bounded by its timeout)."""
         return self.averager.busy()

@@ -37,6 +37,7 @@ def start(
     node_id: Optional[str] = _opt("node_id"),
     seed: Optional[int] = _opt("seed"),
     join_timeout: Optional[float] = _opt("join_timeout"),
+    min_members: Optional[int] = _opt("min_members"),
     linger: Optional[float] = _opt("linger", 10.0),
     algorithm: Optional[str] = _opt("algorithm"),
     topology: Optional[str] = _opt("topology"),

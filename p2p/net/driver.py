@@ -3,15 +3,20 @@
 This is the error boundary of DESIGN.md: every received frame set is decoded here; anything a
 peer gets wrong (``RemoteProtocolError`` from the codec or from a protocol object) is logged,
 counted by reason, and dropped. It never reaches training and never stops the loop.
+
+Other threads never touch the Peer: they ask the network thread to run a query for them
+(``call``), which wakes it at once through a pipe and waits for the answer.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections import Counter
-from typing import Callable
+from collections import Counter, deque
+from concurrent.futures import Future
+from typing import Any, Callable, TypeVar
 
 import zmq
 
@@ -23,6 +28,11 @@ from p2p.net.transport import Incoming, Transport
 from p2p.wire import DEFAULT_LIMITS, Limits, decode, encode
 
 log = logging.getLogger("p2p.net.driver")
+T = TypeVar("T")
+
+
+class DriverStopped(RuntimeError):
+    """``call`` after the network thread ended."""
 
 
 class NetworkDriver:
@@ -40,6 +50,12 @@ class NetworkDriver:
         self.hooks = hooks
         if hooks is not None:  # the trainer's hook posts wake the loop at once
             transport.poller.register(hooks.wake_socket, zmq.POLLIN)
+        self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
+        self._wake_lock = threading.Lock()  # a write never races the pipe's close (fds get reused)
+        self._wake_read, self._wake_write = os.pipe()  # any thread may write; the loop polls it
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        transport.poller.register(self._wake_read, zmq.POLLIN)
         self.rejected: Counter[str] = Counter()
         self.stop_requested = threading.Event()
         self.finished = threading.Event()
@@ -55,7 +71,49 @@ class NetworkDriver:
     def stop(self, timeout_s: float) -> None:
         """Finish (or abandon) the exchange in flight, announce leave, close sockets."""
         self.stop_requested.set()
+        self._wake()
         self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            with self._wake_lock:
+                os.close(self._wake_read)
+                os.close(self._wake_write)
+                self._wake_write = -1
+
+    def call(self, fn: Callable[[], T], timeout_s: float = 5.0) -> T:
+        """Run ``fn`` on the network thread (it owns the Peer and the sockets) and return its
+        result. Raises DriverStopped once the loop has ended."""
+        if self.finished.is_set():
+            raise DriverStopped("the network thread has stopped")
+        future: Future = Future()
+        self._calls.append((fn, future))
+        self._wake()
+        if self.finished.is_set():  # it ended between the check and the append: nobody will run it
+            self._run_calls()
+        return future.result(timeout_s)
+
+    def _wake(self) -> None:
+        with self._wake_lock:
+            if self._wake_write < 0:
+                return
+            try:
+                os.write(self._wake_write, b"\0")
+            except BlockingIOError:  # the pipe is full of wake-ups already
+                pass
+
+    def _run_calls(self) -> None:
+        try:
+            os.read(self._wake_read, 4096)
+        except BlockingIOError:
+            pass
+        while self._calls:
+            fn, future = self._calls.popleft()
+            if self.finished.is_set():
+                future.set_exception(DriverStopped("the network thread has stopped"))
+                continue
+            try:
+                future.set_result(fn())
+            except Exception as exc:  # the caller's query failed: it gets the error, the loop goes on
+                future.set_exception(exc)
 
     # -- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -66,6 +124,7 @@ class NetworkDriver:
             self.error = exc
         finally:
             self.finished.set()
+            self._run_calls()  # anyone still waiting gets DriverStopped
 
     def _loop(self) -> None:
         shutdown_deadline = None
@@ -80,10 +139,10 @@ class NetworkDriver:
             for incoming in self.transport.receive(timeout, now):
                 self._handle(incoming)
                 self.transport.done(incoming)
+            self._run_calls()
             now = time.monotonic()
             if now >= self._next_housekeeping:
                 self.transport.housekeeping(now, self.peer.neighbours())
-                self.status_info()  # refreshes what the training thread's status() shows
                 self._next_housekeeping = now + 1.0
             if self.hooks is not None:
                 self._send_all(self.hooks.service(now, self.peer.neighbours))

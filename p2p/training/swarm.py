@@ -44,7 +44,7 @@ from p2p.averaging.registry import make_averager
 from p2p.config import SettingError, SwarmConfig, swarm_config
 from p2p.gossip import Membership
 from p2p.net.control import StateReply
-from p2p.net.driver import NetworkDriver
+from p2p.net.driver import DriverStopped, NetworkDriver
 from p2p.net.ports import advertised_address, bind_transport
 from p2p.net.transport import TransportError
 from p2p.peer import Peer
@@ -168,16 +168,23 @@ class Swarm:
         return self
 
     def _wait_joined(self) -> None:
-        deadline = time.monotonic() + self.config.join_timeout_s
-        while not self.peer.joined:
-            if self.stop_event.is_set():
+        """Until a join address answered and ``min_members`` are alive (or stop())."""
+        cfg = self.config
+        deadline = time.monotonic() + cfg.join_timeout_s
+        while True:
+            try:
+                joined, members = self._driver.call(lambda: (self.peer.joined, self.peer.live_members()))
+            except DriverStopped:
+                raise SwarmError(f"network loop failed: {self._driver.error}") from None
+            if (joined and members >= cfg.min_members) or self.stop_event.is_set():
                 return
-            if self._driver.finished.is_set():
-                raise SwarmError(f"network loop failed: {self._driver.error}")
             if time.monotonic() >= deadline:
-                raise JoinError(f"no join address answered within {self.config.join_timeout_s:g}s "
-                                f"(tried {', '.join(self.config.join)})")
-            time.sleep(0.05)
+                if not joined:
+                    raise JoinError(f"no join address answered within {cfg.join_timeout_s:g}s "
+                                    f"(tried {', '.join(cfg.join)})")
+                raise JoinError(f"{members} of the {cfg.min_members} members asked for were alive after "
+                                f"{cfg.join_timeout_s:g}s")
+            self.stop_event.wait(0.05)
 
     def stop(self) -> None:
         """Ask a loop that checks ``stop_requested`` to end (thread- and signal-safe)."""
@@ -227,6 +234,7 @@ class Swarm:
     def _shut_down(self) -> None:
         self.phase = "stopping"
         self._driver.stop(timeout_s=self.config.averaging.exchange_timeout_s + 2.0)
+        self._status_now()  # the network thread is gone: keep its last view for status()
         self.hooks.close_trainer_side()
         self.hooks.close()
         self.flat.apply_pending()  # the network thread is gone: deltas it queued land now
@@ -234,6 +242,7 @@ class Swarm:
             signal.signal(sig, handler)
         self._old_handlers.clear()
         self.phase = "stopped"
+        self._cached_status["phase"] = "stopped"
 
     # -- the training thread's side ----------------------------------------------------------
     def wrap(self, optimizer: torch.optim.Optimizer) -> SwarmOptimizer:
@@ -281,11 +290,14 @@ class Swarm:
 
     def status(self) -> dict[str, Any]:
         """This member's view: phase, step, neighbours, members, bytes, codec, averaging
-        counters, what ``report`` was given. Membership and network fields are refreshed by
-        the network thread about once a second."""
-        out = dict(self._cached_status)
-        out.update(self._training_fields())
-        return out
+        counters, what ``report`` was given (as ``p2p status`` shows it). Asked of the network
+        thread, which owns them; after ``close()``, as it was last seen."""
+        if self._driver is not None:
+            try:
+                return self._driver.call(self._status_now)
+            except DriverStopped:
+                pass
+        return {**self._cached_status, **self._training_fields()}
 
     def _training_fields(self) -> dict[str, Any]:
         return {"phase": self.phase, "step": self._step, "steps_per_s": round(self.steps_per_s, 3),
