@@ -16,16 +16,18 @@ import threading
 import time
 from collections import Counter, deque
 from concurrent.futures import Future
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import zmq
 
 from p2p.net.control import StateReply, StateRequest, StatusReply, StatusRequest
 from p2p.peer import Peer
 from p2p.protocol import RemoteProtocolError, Send
-from p2p.training.step_hooks import StepHooks
 from p2p.net.transport import Incoming, Transport
 from p2p.wire import DEFAULT_LIMITS, Limits, decode, encode
+
+if TYPE_CHECKING:  # the trainer's side of the averager's hooks (p2p/training/step_hooks.py)
+    from p2p.training.step_hooks import StepHooks
 
 log = logging.getLogger("p2p.net.driver")
 T = TypeVar("T")

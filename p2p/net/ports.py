@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from p2p.net.transport import Transport, TransportConfig
+from p2p.net.addresses import parse_address
+from p2p.net.transport import Transport, TransportConfig, TransportError
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -41,12 +40,9 @@ DEFAULT_ROUTE_PROBE = "192.0.2.1:9"  # TEST-NET-1 (RFC 5737): only asks which ro
 ATTEMPTS = 20  # a free pair can be taken by another process before we bind it: try again
 
 
-def bind_transport(config: "TransportConfig", listen: str) -> tuple["Transport", str]:
+def bind_transport(config: TransportConfig, listen: str) -> tuple[Transport, str]:
     """A Transport listening on ``listen``; port 0 takes a free pair of adjacent ports.
     Returns it with the address it bound. Raises TransportError."""
-    from p2p.net.addresses import parse_address
-    from p2p.net.transport import Transport, TransportError
-
     host, _, port = listen.rpartition(":")
     if port != "0":
         return Transport(config, listen), listen
@@ -67,8 +63,6 @@ def advertised_address(bound: str, advertise: str | None, join: tuple[str, ...])
     address the kernel would use towards the first join peer (a UDP ``connect`` picks the
     route and sends nothing), or with no join peer along the default route. ValueError when no
     dialable address can be found."""
-    from p2p.net.addresses import parse_address
-
     if advertise:
         return advertise
     host, port = parse_address(bound)
