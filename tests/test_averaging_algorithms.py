@@ -469,3 +469,52 @@ def test_round_engine_keeps_the_mix_convex_when_more_senders_than_neighbours_arr
     e.begin(1.0, [], (vec(0, 0, 0, 0),))  # alone: nothing arriving is mixed
     e.offer("a", 1, 1, 0, (vec(6, 6, 6, 6),))
     np.testing.assert_allclose(e.finish(0).payload[0], 0.0)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_steps_an_algorithm_says_it_ignores_never_gate_or_send(name):
+    """``gate_wanted``/``after_step_wanted`` let the trainer skip the hooks (and the round trip
+    between threads) on steps where they cannot matter: there, may_step is True and after_step
+    sends nothing. Checked over several outer periods with a neighbour that answers."""
+    port, avg = make(ALGORITHMS[name], [0, 0, 0, 0], options=DiLoCoConfig(inner_steps=3) if name == "diloco" else None)
+    _, other = make(ALGORITHMS[name], [1, 1, 1, 1], seed=1,
+                    options=DiLoCoConfig(inner_steps=3) if name == "diloco" else None)
+    now, skipped = 0.0, 0
+    for step in range(1, 13):
+        now += 0.01
+        if not avg.gate_wanted(step):
+            assert avg.may_step(step, now), step
+        port.step = step
+        sends = avg.after_step(step, now, ["b"])
+        if not avg.after_step_wanted(step):
+            assert sends == [], step
+            skipped += 1
+        for s in sends:  # the neighbour answers the round, so the next gate opens
+            deliver(other, [s], "a", now, ["a"])
+            other_sends = other.after_step(step, now, ["a"]) if other.after_step_wanted(step) else []
+            deliver(avg, other_sends, "b", now, ["b"])
+    assert skipped == (8 if name == "diloco" else 0)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_estimates_how_far_its_partners_are(name):
+    """``disagreement.value``: the relative distance to the partners' models, as exchanges show
+    it (status()["consensus"]); None before any exchange."""
+    options = DiLoCoConfig(inner_steps=1) if name == "diloco" else None
+    pa, a = make(ALGORITHMS[name], [1, 1, 1, 1], options=options)
+    pb, b = make(ALGORITHMS[name], [3, 3, 3, 3], seed=1, options=options)
+    assert a.disagreement.value is None
+    now = 0.0
+    for step in range(1, 30):  # run both sides until each has mixed something
+        now += 0.2
+        pa.step = pb.step = step
+        pa.grad = pb.grad = vec(0, 0, 0, 0)
+        sa = (a.on_gradient(step, now, ["b"]) if a.wants_gradient else []) + a.after_step(step, now, ["b"]) + a.tick(now, ["b"])
+        sb = (b.on_gradient(step, now, ["a"]) if b.wants_gradient else []) + b.after_step(step, now, ["a"]) + b.tick(now, ["a"])
+        deliver(a, deliver(b, sa, "a", now, ["a"]), "b", now, ["b"])
+        deliver(b, deliver(a, sb, "b", now, ["b"]), "a", now, ["a"])
+        a.may_step(step + 1, now), b.may_step(step + 1, now)
+        if a.disagreement.value is not None and b.disagreement.value is not None:
+            break
+    assert a.disagreement.value is not None and b.disagreement.value is not None, name
+    assert 0 < a.disagreement.value < 5, (name, a.disagreement.value)  # 2 apart at norm 2..6: ~0.3..1

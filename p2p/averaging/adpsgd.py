@@ -48,8 +48,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, ModelPort, NoOptions, check_params,
-                               decoded_params, staleness_weight)
+from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, NoOptions,
+                               check_params, decoded_params, staleness_weight)
 from p2p.bandwidth import BandwidthConfig, BandwidthMonitor
 from p2p.compression import Compressor, decompress, make_compressor
 from p2p.compression.messages import CompressedFields, compressed_fields
@@ -155,6 +155,7 @@ class PairwiseGossip(AsynchronousHooks):
         self._next_start = now + rng.uniform(0, config.interval_s)  # de-synchronise peers
         self.stats = {"exchanges_started": 0, "exchanges_completed": 0, "exchanges_timed_out": 0,
                       "requests_served": 0, "late_replies": 0}
+        self.disagreement = Disagreement()
         self.MESSAGES = tuple(self.MESSAGES) + tuple(self.COMPRESSED_MESSAGES)
 
     def busy(self) -> bool:
@@ -243,7 +244,9 @@ class PairwiseGossip(AsynchronousHooks):
             fraction = self._fraction(msg)  # validates it first
             theirs = _received_params(msg, self.port)
             mine, packed = self._encode(self.port.snapshot())
-            self.port.add_delta((theirs - mine) * np.float32(self._scaled(fraction, msg.step)))
+            difference = theirs - mine
+            self.disagreement.observe(difference, mine)
+            self.port.add_delta(difference * np.float32(self._scaled(fraction, msg.step)))
             self.stats["requests_served"] += 1
             reply = (self._reply(msg, mine) if packed is None else
                      AvgReplyQ(**packed, exchange=msg.exchange, step=self.port.step, model_key=self.port.model_key))
@@ -255,7 +258,9 @@ class PairwiseGossip(AsynchronousHooks):
                 return []
             theirs = _received_params(msg, self.port)
             fraction = self._scaled(self._own_fraction(), msg.step)
-            self.port.add_delta((theirs - flight.snapshot) * np.float32(fraction))
+            difference = theirs - flight.snapshot
+            self.disagreement.observe(difference, flight.snapshot)
+            self.port.add_delta(difference * np.float32(fraction))
             self._in_flight = None
             self.stats["exchanges_completed"] += 1
             self.monitor.observe(src, flight.sent_bytes + _payload_bytes(msg), now - flight.started)

@@ -67,6 +67,13 @@ class Averager(Protocol):
     synchronous algorithms then answer their neighbours' rounds from ``tick`` instead of
     leaving them to time out; SGP answers shares so weight flows back (p2p/averaging/sgp.py).
 
+    Which steps need the hooks at all (``AsynchronousHooks.gate_wanted`` /
+    ``after_step_wanted``): pure functions of the step number and the algorithm's settings,
+    which the trainer's thread may call. Every hook the network thread serves costs the trainer
+    a wake-up and, at a gate, a round trip between threads; an algorithm that acts once per H
+    steps (DiLoCo) says so and the other steps cost nothing. On a step they exclude, ``may_step``
+    must be True and ``after_step`` must send nothing.
+
     ``n`` is the current neighbour list (addresses, from the topology over live members),
     computed for the round ``topology_round()`` returns just before the call, so time-varying
     topologies (one-peer exponential, hypercube) follow the algorithm's own round counter.
@@ -79,6 +86,7 @@ class Averager(Protocol):
     MESSAGES: tuple[type, ...]
     wants_gradient: bool
     stats: dict[str, int]  # counters; every algorithm has exchanges_started / exchanges_completed
+    disagreement: "Disagreement"  # how far the partners' models are from ours, as exchanges show
 
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]: ...
 
@@ -125,6 +133,14 @@ class AsynchronousHooks:
     def topology_round(self) -> int:
         return 0
 
+    def gate_wanted(self, step: int) -> bool:
+        """Whether ``may_step(step)`` can be False (module docstring of ``Averager``)."""
+        return True
+
+    def after_step_wanted(self, step: int) -> bool:
+        """Whether ``after_step(step)`` can send or change anything."""
+        return True
+
 
 @dataclass(frozen=True)
 class AveragingConfig:
@@ -158,6 +174,22 @@ class AveragingConfig:
 @dataclass(frozen=True)
 class NoOptions:
     """The ``Config`` of an algorithm with no settings of its own."""
+
+
+class Disagreement:
+    """How far this peer's model is from its partners', as its exchanges show it: an EWMA of
+    ``||x_j - x_i|| / ||x_i||`` over the partners' vectors it mixes. A local, free estimate of the
+    consensus distance (``status()["consensus"]``): no extra messages, one norm per vector
+    received. None until the first exchange."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.value: Optional[float] = None
+
+    def observe(self, difference: np.ndarray, mine: np.ndarray) -> None:
+        """``difference`` = x_j - x_i for one partner, ``mine`` = x_i."""
+        rel = float(np.linalg.norm(difference)) / max(float(np.linalg.norm(mine)), 1e-30)
+        self.value = rel if self.value is None else (1 - self.alpha) * self.value + self.alpha * rel
 
 
 def staleness_weight(my_step: int, their_step: int, tau: float) -> float:

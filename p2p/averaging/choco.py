@@ -52,7 +52,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params
 from p2p.compression.codecs import Compressor, compressor_from_config, decompress
 from p2p.compression.messages import CompressedFields, compressed_fields
 from p2p.topology.weights import metropolis_hastings_weight
@@ -153,6 +153,7 @@ class ChocoGossip(AsynchronousHooks):
         self.stream = rng.getrandbits(62)
         self.seq = 0
         self.hat = np.zeros(port.numel, dtype=np.float32)  # x̂_i
+        self.disagreement = Disagreement()
         self._copies: dict[str, _Copy] = {}
         self._synced: set[str] = set()  # destinations whose copy of x̂_i is current
         self._asked: dict[str, float] = {}  # src -> when we last sent it a ChocoResync
@@ -238,6 +239,7 @@ class ChocoGossip(AsynchronousHooks):
             acc += np.float32(w) * copy.hat
             total += w
         acc -= np.float32(total) * self.hat
+        self.disagreement.observe(acc / np.float32(total), self.hat)  # the copies' weighted mean vs ours
         acc *= np.float32(self.gamma)
         self.port.add_delta(acc)
 

@@ -73,7 +73,7 @@ from typing import Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params, decoded_params
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params, decoded_params
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.compression import compressor_from_config, decompress
 from p2p.compression.messages import CompressedFields, compressed_fields
@@ -176,7 +176,10 @@ class DiLoCo(AsynchronousHooks):
         self.port = port
         self._compressor = None if config.compression == "none" else compressor_from_config(config)
         self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0}
-        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats)
+        # How far the outer parameters (the swarm's model) are apart: from the sketches, and from
+        # theta_start itself in the rounds that carry it.
+        self.disagreement = Disagreement()
+        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement)
         self._start = port.snapshot()  # theta_start: the model before the first inner step
         self._positions = sketch_positions(self._start.size)
         self._sketch = self._start[self._positions]  # ours, of the round in flight
@@ -272,6 +275,7 @@ class DiLoCo(AsynchronousHooks):
         theirs = self._theirs.pop(r, {})
         self._theirs = {k: v for k, v in self._theirs.items() if k > r}
         for src, sketch in theirs.items():
+            self.disagreement.observe(sketch - self._sketch, self._sketch)
             if src not in self._sent_params and sketches_differ(self._sketch, sketch):
                 self._repair.add(src)
                 self.stats["copies_apart"] += 1
@@ -304,6 +308,12 @@ class DiLoCo(AsynchronousHooks):
         self._serve(now)  # finished: a neighbour may have begun the next round already
 
     # -- step hooks ---------------------------------------------------------------------------
+    def gate_wanted(self, step: int) -> bool:
+        return step > 1 and (step - 1) % self.options.inner_steps == 0  # right after an outer boundary
+
+    def after_step_wanted(self, step: int) -> bool:
+        return step % self.options.inner_steps == 0  # the outer boundaries
+
     def may_step(self, step: int, now: float) -> bool:
         if self._syncing and self._continue_at == math.inf:
             self._poll(now)

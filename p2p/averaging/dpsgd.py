@@ -44,7 +44,7 @@ from typing import Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, NoOptions, check_params
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, NoOptions, check_params
 from p2p.averaging.rounds import NeighbourRounds, ServesRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -75,7 +75,8 @@ class Dpsgd(ServesRounds, AsynchronousHooks):
         self.options = options or NoOptions()
         self.port = port
         self.stats: dict[str, int] = {}
-        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats)
+        self.disagreement = Disagreement()
+        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement)
         self.stats.setdefault("rounds_served", 0)
 
     def _poll(self, now: float) -> None:

@@ -43,7 +43,7 @@ from typing import Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params
 from p2p.averaging.rounds import NeighbourRounds, ServesRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -115,7 +115,8 @@ class GossipGraD(ServesRounds, AsynchronousHooks):
         self.options = options or GossipGraDConfig()
         self.port = port
         self.stats: dict[str, int] = {"model_rounds": 0}
-        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats)
+        self.disagreement = Disagreement()  # from the rounds that carry models (payload index 1)
+        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement, model_index=1)
         self._with_model = False
 
     def _poll(self, now: float) -> None:

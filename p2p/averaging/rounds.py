@@ -49,7 +49,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from p2p.averaging.base import staleness_weight
+from p2p.averaging.base import Disagreement, staleness_weight
 from p2p.protocol import RemoteProtocolError
 
 INF = float("inf")
@@ -78,8 +78,11 @@ class NeighbourRounds:
     """One synchronous averaging round at a time (module docstring). Pure state, no I/O: the
     owning algorithm builds and sends the messages and validates their tensors."""
 
-    def __init__(self, timeout_s: float, stats: dict[str, int], prefix: str = "") -> None:
+    def __init__(self, timeout_s: float, stats: dict[str, int], prefix: str = "",
+                 disagreement: Optional[Disagreement] = None, model_index: int = 0) -> None:
         self.timeout_s = timeout_s
+        self.disagreement = disagreement  # fed each neighbour's vector at ``model_index`` (the model)
+        self.model_index = model_index
         self.round = 0  # the current round while waiting; the next one to begin while idle
         self.waiting = False
         self.deadline = INF
@@ -207,7 +210,10 @@ class NeighbourRounds:
         for w, entry in zip(weights, box.values()):
             for k, (mine, theirs) in enumerate(zip(own, entry.payload)):
                 if theirs is not None:  # None: the sender left this vector out, "same as mine"
-                    acc[k] += np.float32(w) * (theirs - mine)
+                    difference = theirs - mine
+                    acc[k] += np.float32(w) * difference
+                    if k == self.model_index and self.disagreement is not None:
+                        self.disagreement.observe(difference, mine)
         mixed = tuple(mine + delta for mine, delta in zip(own, acc))
         self._count("exchanges_completed")
         if len(box) < self._expected:

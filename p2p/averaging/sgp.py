@@ -62,7 +62,7 @@ from typing import Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AsynchronousHooks, AveragingConfig, ModelPort, check_params
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.wire import message
 
@@ -113,6 +113,7 @@ class PushSum(AsynchronousHooks):
         self._seen: dict[str, int] = {}  # highest step count heard per sender (done mode)
         self.stats = {"exchanges_started": 0, "exchanges_completed": 0, "shares_sent": 0,
                       "shares_received": 0, "alone": 0, "replies": 0, "pushes_skipped": 0}
+        self.disagreement = Disagreement()
 
     def topology_round(self) -> int:
         return self._round
@@ -169,7 +170,9 @@ class PushSum(AsynchronousHooks):
         check_params(msg.params, msg.model_key, self.port)
         z = self.port.snapshot()
         total = self.weight + msg.weight
-        delta = (msg.params - z) * np.float32(msg.weight / total)
+        difference = msg.params - z
+        self.disagreement.observe(difference, z)
+        delta = difference * np.float32(msg.weight / total)
         self.port.add_delta(delta)
         self.weight = total
         self._round = max(self._round, msg.round)

@@ -35,6 +35,9 @@ class StepHooks:
         self.wants_gradient = bool(getattr(averager, "wants_gradient", False))
         self.posts_after_step = getattr(kind, "after_step", None) is not AsynchronousHooks.after_step
         self.serves_done = callable(getattr(averager, "training_done", None))
+        # Steps the algorithm does not act on cost nothing (base.py, ``gate_wanted``).
+        self._gate_wanted = getattr(averager, "gate_wanted", lambda step: True)
+        self._after_step_wanted = getattr(averager, "after_step_wanted", lambda step: True)
         self.gate_timeout_s = gate_timeout_s  # safety net: the averager's own timeouts come first
         self.gate_timeouts = 0  # times the trainer went on without the averager's go-ahead
         self._context = context or zmq.Context.instance()
@@ -67,7 +70,7 @@ class StepHooks:
             self.gate_timeouts += 1
 
     def before_step(self, step: int) -> None:
-        if self.gates_steps:
+        if self.gates_steps and self._gate_wanted(step):
             self._wait("may_step", step)
 
     def gradient(self, step: int) -> None:
@@ -75,7 +78,7 @@ class StepHooks:
             self._wait("on_gradient", step)
 
     def after_step(self, step: int) -> None:
-        if self.posts_after_step:
+        if self.posts_after_step and self._after_step_wanted(step):
             self._post("after_step", step)
 
     def training_done(self, step: int) -> None:

@@ -318,7 +318,8 @@ class Swarm:
             "messages_sent": t.messages_sent, "messages_received": t.messages_received,
             "send_drops": t.send_drops, "transfers_abandoned": t.transfers_abandoned,
             "bulk_connections_refused": t.connections_refused, "rejected": dict(self._driver.rejected),
-            "averaging": dict(peer.averager.stats), "uptime_s": round(now - self._started_at, 3),
+            "averaging": dict(peer.averager.stats), "consensus": peer.averager.disagreement.value,
+            "uptime_s": round(now - self._started_at, 3),
             "bandwidth": self._bandwidth(), "gate_timeouts": self.hooks.gate_timeouts,
             **self._training_fields(),
         }
