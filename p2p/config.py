@@ -14,6 +14,7 @@ daemon's own settings (task, shard, steps, ...) live in ``p2p.training.node.Node
 from __future__ import annotations
 
 import math
+import os
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -27,6 +28,7 @@ from p2p.gossip.config import MembershipConfig
 from p2p.net.addresses import bulk_address, parse_address
 from p2p.net.transport import TransportConfig
 from p2p.protocol import LocalProtocolError
+from p2p.statesync import SyncConfig
 from p2p.topology import TOPOLOGIES
 
 COMPRESSION_NAMES = tuple(COMPRESSORS) + ("auto",)
@@ -60,6 +62,12 @@ class SwarmConfig:
     options: Any = None  # the algorithm's own settings, an instance of its Config (None: defaults)
     membership: MembershipConfig = field(default_factory=MembershipConfig.lan)
     transport: TransportConfig = TransportConfig()
+    state_sync: bool = True  # a joiner downloads the swarm's state from a live member before its first step
+    sync_optimizer: bool = True  # ... including the donor's optimizer state (Adam's moments: a smooth start)
+    sync: SyncConfig = SyncConfig()  # how state sync moves the bytes (timeouts, pacing)
+    checkpoint_dir: Optional[str] = None  # write checkpoints here, and resume from the newest one
+    checkpoint_every_s: float = 60.0  # seconds between checkpoints (and one at a clean stop)
+    keep_checkpoints: int = 2  # checkpoint files kept
 
     @property
     def topology_name(self) -> str:
@@ -138,6 +146,14 @@ def _node_id(value: Any) -> str:
     return value
 
 
+def _directory(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"expected a directory path, got {value!r}")
+    if os.path.exists(value) and not os.path.isdir(value):
+        raise ValueError(f"{value!r} exists and is not a directory")
+    return value
+
+
 def _seed(value: Any) -> int:
     return int(_number(value, low=-math.inf, integer=True))
 
@@ -205,6 +221,20 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "Elastic gossip: fraction of the way both ends move to each other, in (0, 1)."),
     Setting("gossipgrad_model_every", "gossipgrad", "model_every", lambda v: _number(v, low_ok=True, integer=True),
             "GossipGraD: average models with the partner every this many steps (0: gradients only)."),
+    Setting("state_sync", "swarm", "state_sync", _flag,
+            "Download the swarm's current state from a live member before the first step (--no-state-sync: start from this model)."),
+    Setting("sync_optimizer", "swarm", "sync_optimizer", _flag,
+            "State sync also moves the donor's optimizer state (about twice the bytes with Adam)."),
+    Setting("sync_timeout", "sync", "timeout_s", lambda v: float(_number(v)),
+            "State sync: give up a donor that sends nothing for this many seconds, try the next."),
+    Setting("sync_max_mbit", "sync", "max_rate_bps", lambda v: float(_number(v)) * 1e6 / 8,
+            "Serve joiners at most this many Mbit/s (default: as fast as the link)."),
+    Setting("checkpoint_dir", "swarm", "checkpoint_dir", _directory,
+            "Write checkpoints to this directory and resume from the newest one found there."),
+    Setting("checkpoint_every", "swarm", "checkpoint_every_s", lambda v: float(_number(v)),
+            "Seconds between checkpoints (one is also written at a clean stop)."),
+    Setting("keep_checkpoints", "swarm", "keep_checkpoints", lambda v: _number(v, low=1, low_ok=True, integer=True),
+            "Checkpoint files kept (older ones are deleted)."),
     Setting("choco_gamma", "choco", "gamma", lambda v: float(_number(v, high=1, high_ok=True)),
             "CHOCO consensus step size in (0, 1] (default: suggested for the codec)."),
 )}
@@ -225,6 +255,7 @@ def swarm_config(**settings: Any) -> SwarmConfig:
             raise SettingError(name, str(exc)) from None
     swarm: dict[str, Any] = {}
     averaging: dict[str, Any] = {}
+    sync: dict[str, Any] = {}
     own: dict[str, Any] = {}
     algorithm = checked.get("algorithm", SwarmConfig.algorithm)
     for name, value in checked.items():
@@ -233,6 +264,8 @@ def swarm_config(**settings: Any) -> SwarmConfig:
             swarm[s.field] = value
         elif s.where == "averaging":
             averaging[s.field] = value
+        elif s.where == "sync":
+            sync[s.field] = value
         elif s.where == algorithm:
             own[s.field] = value
         else:
@@ -243,7 +276,7 @@ def swarm_config(**settings: Any) -> SwarmConfig:
     averaging.setdefault("max_interval_s", max(AveragingConfig.max_interval_s, averaging.get("interval_s", 0.0)))
     averaging_config = _build("averaging", AveragingConfig, averaging)
     options = _build(algorithm, config_class(algorithm), own) if own else None
-    config = SwarmConfig(averaging=averaging_config, options=options, **swarm)
+    config = SwarmConfig(averaging=averaging_config, options=options, sync=_build("sync", SyncConfig, sync), **swarm)
     check_runnable(config)
     return config
 

@@ -1,26 +1,36 @@
-"""One peer's whole protocol: membership, topology and averaging composed, still sans-I/O.
+"""One peer's whole protocol: membership, topology, averaging and state sync composed, still
+sans-I/O.
 
 The driver (ZeroMQ daemon or simulator) feeds it messages and timer ticks; it routes each
 message to the part that owns its type and merges their deadlines. Averaging sees only the
 neighbours the topology picks among the members that membership believes alive, so a dead
 member costs at most one exchange timeout.
+
+State sync (p2p/statesync/): every peer serves its state to joiners (``donor``); a joiner runs
+a ``StateJoiner`` (``begin_sync``) BEFORE ``start``, so no member averages with it until it
+holds the swarm's state.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from p2p.protocol import RemoteProtocolError, Send
+from p2p.statesync import StateDonor, StateJoiner
+from p2p.statesync.messages import SyncChunk, SyncChunkRequest, SyncOffer, SyncQuery
 
 Topology = Callable[[str, Sequence[str]], list[str]]
 
 
 class Peer:
-    def __init__(self, addr: str, membership, averager, topology: Topology) -> None:
+    def __init__(self, addr: str, membership, averager, topology: Topology,
+                 donor: Optional[StateDonor] = None) -> None:
         self.addr = addr
         self.membership = membership
         self.averager = averager
         self.topology = topology
+        self.donor = donor
+        self.joiner: Optional[StateJoiner] = None
         self._averaging_types = tuple(averager.MESSAGES)
 
     def neighbours(self) -> list[str]:
@@ -33,11 +43,22 @@ class Peer:
     def start(self, seeds: Sequence[str], now: float) -> list[Send]:
         return self.membership.start(seeds, now)
 
+    def begin_sync(self, joiner: StateJoiner, now: float) -> list[Send]:
+        """Download the swarm's state with ``joiner`` (before ``start``)."""
+        self.joiner = joiner
+        return joiner.start(now)
+
     def receive(self, src: str, msg: object, now: float) -> list[Send]:
         if self.membership.owns(msg):
             return self.membership.receive(src, msg, now)
         if isinstance(msg, self._averaging_types):
             return self.averager.receive(src, msg, now, self.neighbours())
+        if isinstance(msg, (SyncQuery, SyncChunkRequest)) and self.donor is not None:
+            return self.donor.receive(src, msg, now)
+        if isinstance(msg, (SyncOffer, SyncChunk)):
+            if self.joiner is None or self.joiner.finished:
+                return []  # an answer that comes after we stopped asking
+            return self.joiner.receive(src, msg, now)
         raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a peer message")
 
     def tick(self, now: float) -> list[Send]:
@@ -46,10 +67,15 @@ class Peer:
             sends += self.membership.tick(now)
         if now >= self.averager.next_deadline():
             sends += self.averager.tick(now, self.neighbours())
+        for part in (self.donor, self.joiner):
+            if part is not None and now >= part.next_deadline():
+                sends += part.tick(now)
         return sends
 
     def next_deadline(self) -> float:
-        return min(self.membership.next_deadline(), self.averager.next_deadline())
+        deadlines = [self.membership.next_deadline(), self.averager.next_deadline()]
+        deadlines += [part.next_deadline() for part in (self.donor, self.joiner) if part is not None]
+        return min(deadlines)
 
     @property
     def joined(self) -> bool:

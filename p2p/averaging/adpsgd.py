@@ -161,6 +161,13 @@ class PairwiseGossip(AsynchronousHooks):
     def busy(self) -> bool:
         return self._in_flight is not None
 
+    def state_dict(self) -> dict:
+        return {}  # pairwise averaging keeps nothing beyond the model
+
+    def load_state_dict(self, state: dict, source: str) -> None:
+        if state:
+            raise ValueError(f"{self.name} keeps no state, got {sorted(state)}")
+
     def topology_round(self) -> int:
         return self._next_exchange  # a time-varying topology rotates partners per exchange
 

@@ -67,6 +67,14 @@ class Averager(Protocol):
     synchronous algorithms then answer their neighbours' rounds from ``tick`` instead of
     leaving them to time out; SGP answers shares so weight flows back (p2p/averaging/sgp.py).
 
+    State (checkpoints and state sync): ``state_dict()`` returns copies of what the algorithm
+    keeps besides the model (DiLoCo's outer parameters and momentum, the push-sum weight,
+    CHOCO's public copies, round counters), as ``str -> np.ndarray | int | float`` (keys may
+    hold "/"). ``load_state_dict(state, source)`` takes it back: ``source`` is "checkpoint"
+    (this peer's own state) or "peer" (a donor's, for a joiner: it adopts what describes the
+    swarm, such as DiLoCo's outer parameters, and keeps what is its own, such as its push-sum
+    weight). A malformed state raises ValueError.
+
     Which steps need the hooks at all (``AsynchronousHooks.gate_wanted`` /
     ``after_step_wanted``): pure functions of the step number and the algorithm's settings,
     which the trainer's thread may call. Every hook the network thread serves costs the trainer
@@ -190,6 +198,24 @@ class Disagreement:
         """``difference`` = x_j - x_i for one partner, ``mine`` = x_i."""
         rel = float(np.linalg.norm(difference)) / max(float(np.linalg.norm(mine)), 1e-30)
         self.value = rel if self.value is None else (1 - self.alpha) * self.value + self.alpha * rel
+
+
+def state_array(state: dict, key: str, numel: int) -> np.ndarray:
+    """A float32 vector of ``numel`` entries from a state dict, or ValueError naming the key."""
+    value = state.get(key)
+    if not isinstance(value, np.ndarray) or value.dtype != np.float32 or value.shape != (numel,):
+        raise ValueError(f"state {key!r}: want float32[{numel}], got "
+                         f"{getattr(value, 'dtype', type(value).__name__)}{list(getattr(value, 'shape', []))}")
+    if not np.isfinite(value).all():
+        raise ValueError(f"state {key!r} carries NaN or Inf")
+    return value.copy()
+
+
+def state_int(state: dict, key: str, low: int = 0) -> int:
+    value = state.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"state {key!r}: want an integer >= {low}, got {value!r}")
+    return int(value)
 
 
 def staleness_weight(my_step: int, their_step: int, tau: float) -> float:

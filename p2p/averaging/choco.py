@@ -52,7 +52,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params
+from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
+                               state_array, state_int)
 from p2p.compression.codecs import Compressor, compressor_from_config, decompress
 from p2p.compression.messages import CompressedFields, compressed_fields
 from p2p.topology.weights import metropolis_hastings_weight
@@ -183,6 +184,31 @@ class ChocoGossip(AsynchronousHooks):
     # -- driver interface ---------------------------------------------------------------------
     def busy(self) -> bool:
         return False  # nothing waits for a reply
+
+    def state_dict(self) -> dict:
+        state: dict = {"hat": self.hat.copy(), "seq": self.seq}
+        for addr, c in self._copies.items():
+            state.update({f"copy/{addr}/hat": c.hat.copy(), f"copy/{addr}/stream": c.stream,
+                          f"copy/{addr}/seq": c.seq, f"copy/{addr}/degree": c.degree})
+        return state
+
+    def load_state_dict(self, state: dict, source: str, now: float = 0.0) -> None:
+        """From a checkpoint: our public copy and our copies of the neighbours'. Our stream id
+        stays the fresh one drawn at construction, so neighbours holding an older copy of
+        ours (we may have published after the checkpoint) reset it instead of applying deltas
+        to the wrong base. A donor's state is not ours: a joiner starts its copies afresh."""
+        if source != "checkpoint":
+            return
+        hat = state_array(state, "hat", self.port.numel)
+        seq = state_int(state, "seq")
+        copies = {}
+        for key in state:
+            if key.startswith("copy/") and key.endswith("/hat"):
+                addr = key[len("copy/"):-len("/hat")]
+                copies[addr] = _Copy(state_int(state, f"copy/{addr}/stream"), state_int(state, f"copy/{addr}/seq", 1),
+                                     state_array(state, key, self.port.numel),
+                                     state_int(state, f"copy/{addr}/degree", 1), now)
+        self.hat, self.seq, self._copies, self._synced = hat, seq, copies, set()
 
     def next_deadline(self) -> float:
         return self._next

@@ -73,7 +73,8 @@ from typing import Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params, decoded_params
+from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
+                               decoded_params, state_array, state_int)
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.compression import compressor_from_config, decompress
 from p2p.compression.messages import CompressedFields, compressed_fields
@@ -205,6 +206,20 @@ class DiLoCo(AsynchronousHooks):
 
     def busy(self) -> bool:
         return self._syncing
+
+    def state_dict(self) -> dict:
+        return {"theta_start": self._start.copy(), "momentum": self._momentum.copy(), "round": self._rounds.round}
+
+    def load_state_dict(self, state: dict, source: str) -> None:
+        """The outer state, from our checkpoint or a donor's (the swarm's outer parameters and
+        momentum: a joiner holding them agrees with the sketches at once, no repair)."""
+        if self._syncing:
+            raise ValueError("load_state_dict() during an outer round")
+        start = state_array(state, "theta_start", self.port.numel)
+        momentum = state_array(state, "momentum", self.port.numel)
+        self._rounds.resume_at(state_int(state, "round"))
+        self._start, self._momentum = start, momentum
+        self._sketch = start[self._positions]
 
     def next_deadline(self) -> float:
         return min(self._rounds.deadline, self._continue_at)

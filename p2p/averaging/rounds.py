@@ -49,7 +49,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from p2p.averaging.base import Disagreement, staleness_weight
+from p2p.averaging.base import Disagreement, state_int, staleness_weight
 from p2p.protocol import RemoteProtocolError
 
 INF = float("inf")
@@ -128,6 +128,13 @@ class NeighbourRounds:
         if begun is not None:
             return begun
         return self._nudge if self._nudge >= self.round else None
+
+    def resume_at(self, round: int) -> None:
+        """Continue from ``round`` (restored state): the next round begun is at least it."""
+        if self.waiting:
+            raise AssertionError("resume_at() while a round is in flight")
+        self.round = max(self.round, round)
+        self._inbox = {k: v for k, v in self._inbox.items() if k >= self.round}
 
     def begin(self, now: float, neighbours: Sequence[str], payload: tuple[np.ndarray, ...],
               round: Optional[int] = None) -> int:
@@ -240,6 +247,12 @@ class ServesRounds:
 
     def busy(self) -> bool:
         return self._rounds.waiting
+
+    def state_dict(self) -> dict:
+        return {"round": self._rounds.round}
+
+    def load_state_dict(self, state: dict, source: str) -> None:
+        self._rounds.resume_at(state_int(state, "round"))
 
     def next_deadline(self) -> float:
         if self._rounds.serve_round() is not None:

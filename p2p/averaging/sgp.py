@@ -62,7 +62,7 @@ from typing import Sequence
 
 import numpy as np
 
-from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params
+from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params, state_int
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.wire import message
 
@@ -120,6 +120,18 @@ class PushSum(AsynchronousHooks):
 
     def busy(self) -> bool:
         return False
+
+    def state_dict(self) -> dict:
+        return {"weight": self.weight, "round": self._round}
+
+    def load_state_dict(self, state: dict, source: str) -> None:
+        round_ = state_int(state, "round")
+        weight = state.get("weight")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= MAX_WEIGHT:
+            raise ValueError(f"state 'weight': want a number in (0, {MAX_WEIGHT}], got {weight!r}")
+        self._round = max(self._round, round_)
+        if source == "checkpoint":
+            self.weight = float(weight)  # a joiner keeps its own unit of weight: the mass stays right
 
     def next_deadline(self) -> float:
         return self._last_push + self.config.interval_s if self._done else math.inf

@@ -5,7 +5,7 @@ from __future__ import annotations
 import zmq
 
 from p2p.net.addresses import to_endpoint
-from p2p.net.control import StateReply, StateRequest, StatusReply, StatusRequest
+from p2p.net.control import ModelReply, ModelRequest, StateReply, StateRequest, StatusReply, StatusRequest
 from p2p.wire import decode, encode
 
 
@@ -40,4 +40,12 @@ def state(addr: str, timeout_s: float = 5.0) -> StateReply:
     reply = query(addr, StateRequest(), timeout_s)
     if not isinstance(reply, StateReply):
         raise QueryError(f"{addr} answered {type(reply).__name__} to a state request")
+    return reply
+
+
+def model(addr: str, timeout_s: float = 60.0) -> ModelReply:
+    """The node's current model as a safetensors blob (``p2p export --peer``)."""
+    reply = query(addr, ModelRequest(), timeout_s)
+    if not isinstance(reply, ModelReply):
+        raise QueryError(f"{addr} answered {type(reply).__name__} to a model request")
     return reply

@@ -1,7 +1,8 @@
 """Client queries a running node answers on its listening socket (``p2p status``, the demo).
 
 Clients have no listening address of their own, so the node answers on the connection the
-request came in on (see p2p/net/transport.py). Tags 40..59 are reserved for control messages.
+request came in on (see p2p/net/transport.py). Tags 40..59 are reserved for control messages
+(44..47: state sync, p2p/statesync/messages.py).
 """
 
 from __future__ import annotations
@@ -39,4 +40,18 @@ class StateReply:
     params: np.ndarray
 
 
-CONTROL_REQUESTS = (StatusRequest, StateRequest)
+@message(48)
+@dataclass(frozen=True)
+class ModelRequest:
+    """The node's current model (``p2p export --peer``)."""
+
+
+@message(49)
+@dataclass(frozen=True)
+class ModelReply:
+    step: int
+    model_key: str
+    data: np.ndarray  # uint8: a safetensors blob of the model's state_dict (p2p/training/state.py)
+
+
+CONTROL_REQUESTS = (StatusRequest, StateRequest, ModelRequest)

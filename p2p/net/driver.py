@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import zmq
 
-from p2p.net.control import StateReply, StateRequest, StatusReply, StatusRequest
+from p2p.net.control import ModelReply, ModelRequest, StateReply, StateRequest, StatusReply, StatusRequest
 from p2p.peer import Peer
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.net.transport import Incoming, Transport
@@ -41,12 +41,13 @@ class NetworkDriver:
     def __init__(self, transport: Transport, peer: Peer, advertise: str,
                  status_info: Callable[[], dict], state_reply: Callable[[], StateReply],
                  shutdown_grace_s: float, hooks: StepHooks | None = None,
-                 limits: Limits = DEFAULT_LIMITS) -> None:
+                 limits: Limits = DEFAULT_LIMITS, model_reply: Callable[[], ModelReply] | None = None) -> None:
         self.transport = transport
         self.peer = peer
         self.advertise = advertise
         self.status_info = status_info
         self.state_reply = state_reply
+        self.model_reply = model_reply
         self.limits = limits
         self.shutdown_grace_s = shutdown_grace_s  # how long shutdown waits for an exchange in flight
         self.hooks = hooks
@@ -66,9 +67,15 @@ class NetworkDriver:
         self._thread = threading.Thread(target=self._run, name="p2p-network", daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def start(self, seeds: list[str]) -> None:
-        self._send_all(self.peer.start(seeds, time.monotonic()))
-        self._thread.start()  # from here on only the network thread touches the Peer
+    def start(self) -> None:
+        """Start the network thread; from here on only it touches the Peer. The Peer's
+        membership starts when told (``act(lambda now: peer.start(seeds, now))``): a joiner
+        syncs its state first."""
+        self._thread.start()
+
+    def act(self, fn: Callable[[float], list[Send]], timeout_s: float = 5.0) -> None:
+        """Run ``fn(now)`` on the network thread and send what it returns."""
+        self.call(lambda: self._send_all(fn(time.monotonic())), timeout_s)
 
     def stop(self, timeout_s: float) -> None:
         """Finish (or abandon) the exchange in flight, announce leave, close sockets."""
@@ -167,6 +174,9 @@ class NetworkDriver:
                 return
             if isinstance(msg, StateRequest):
                 self.transport.reply(incoming.identity, encode(self.state_reply(), self.advertise))
+                return
+            if isinstance(msg, ModelRequest) and self.model_reply is not None:
+                self.transport.reply(incoming.identity, encode(self.model_reply(), self.advertise))
                 return
             sends = self.peer.receive(src, msg, now)
         except RemoteProtocolError as exc:

@@ -75,7 +75,8 @@ class FlatParams:
             self.groups.append(_Group(buffer, start, offset))
         self.numel = offset
         self.dtypes = dtypes
-        self.lock = threading.Lock()  # guards buffer writes and the pending sum
+        self.lock = threading.RLock()  # guards buffer writes and the pending sum; re-entrant, so a
+        # reader can hold it across a snapshot and the optimizer's state (one consistent step)
         self._pending: Optional[np.ndarray] = None  # sum of queued deltas (host float32)
         self._pending_count = 0
 
@@ -124,6 +125,21 @@ class FlatParams:
                 g.buffer.add_(delta[g.start:g.stop])
             self._pending, self._pending_count = None, 0
         return count
+
+    def drop_pending(self) -> None:
+        """Forget queued deltas (the parameters were just overwritten: they were relative to
+        the old values)."""
+        with self.lock:
+            self._pending, self._pending_count = None, 0
+
+    def named_values(self, values: np.ndarray, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """``values`` (a float32 vector in this object's order) as CPU tensors named as in
+        ``model.state_dict()`` and in each parameter's dtype."""
+        by_id, offset = {}, 0
+        for p in self.params:
+            by_id[id(p)] = torch.from_numpy(values[offset:offset + p.numel()]).view(p.shape).to(p.dtype)
+            offset += p.numel()
+        return {name: by_id[id(p)] for name, p in model.named_parameters() if id(p) in by_id}
 
     def load(self, values: np.ndarray) -> None:
         """Overwrite the parameters (training thread only, e.g. from a checkpoint); drops

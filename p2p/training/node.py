@@ -94,6 +94,13 @@ class Node:
             self.loop = TrainingLoop(self.task, self.model, self.optimizer, self.task.train_batches(cfg.shard, seed),
                                      self.device, cfg.precision, cfg.eval_every_s, cfg.slowdown,
                                      steps_done=lambda: swarm.step, on_report=self._report)
+            if self.loop.scaler is not None:
+                swarm.register_state("grad_scaler", self.loop.scaler)
+            if swarm.resumed_from or swarm.synced:
+                self.loop.evaluate()  # where the run picks up, before any step of this process
+                where = (f"the swarm's state from {swarm.synced.donor}" if swarm.synced
+                         else f"checkpoint {swarm.resumed_from}")
+                self.print_line(f"resumed at step {swarm.step} from {where}: accuracy {self.loop.state.accuracy:.4f}")
             progress.start()
             self.loop.run(swarm.stop_event, cfg.steps, cfg.duration_s)
             bounded = cfg.steps is not None or cfg.duration_s is not None

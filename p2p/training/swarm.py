@@ -22,6 +22,14 @@ Threads. The caller's thread is the training thread: only it writes the model (o
 steps, averaging deltas between steps). The network thread reads the model only through
 ``FlatParams.snapshot`` (under the lock) and talks to the training thread through ``StepHooks``.
 
+Keeping the run (settings ``checkpoint_dir``, ``state_sync``): a member with a checkpoint
+directory resumes from its newest checkpoint (model, optimizer, step, the algorithm's state,
+what was registered with ``register_state``) and writes one every ``checkpoint_every``
+seconds and at a clean stop (p2p/training/keeper.py). Before joining the membership it asks the
+swarm for fresher state and downloads it from a live member (p2p/training/joining.py,
+p2p/statesync/): a new or restarted machine starts where the swarm is, not from its random
+initial model, and nobody averages with it until it does.
+
 It never touches the caller's global state: no ``torch.manual_seed`` (this member's protocol
 randomness comes from ``random.Random((seed, id))``), no signal handlers unless
 ``handle_signals=True``, no logging configuration.
@@ -32,6 +40,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import secrets
 import signal
 import threading
 import time
@@ -43,26 +52,23 @@ import torch
 from p2p.averaging.registry import make_averager
 from p2p.config import SettingError, SwarmConfig, swarm_config
 from p2p.gossip import Membership
-from p2p.net.control import StateReply
+from p2p.net.control import ModelReply, StateReply
 from p2p.net.driver import DriverStopped, NetworkDriver
 from p2p.net.ports import advertised_address, bind_transport
 from p2p.net.transport import TransportError
 from p2p.peer import Peer
+from p2p.statesync import StateDonor, StateJoiner
 from p2p.topology import get_topology
+from p2p.training.checkpoints import CheckpointStore
 from p2p.training.flat import FlatParams
+from p2p.training.joining import JoinError, Synced, SwarmError, sync_state, wait_joined
+from p2p.training.keeper import StateKeeper
 from p2p.training.optimizer import SwarmOptimizer
+from p2p.training.state import StateError, TrainingState, to_bytes
 from p2p.training.step_hooks import StepHooks
 
 log = logging.getLogger("p2p.swarm")
-
-
-class SwarmError(RuntimeError):
-    """The swarm member cannot go on: no join address answered, a port is taken, or the
-    network thread failed. The message says which."""
-
-
-class JoinError(SwarmError):
-    """No join address answered within ``join_timeout``."""
+__all__ = ["JoinError", "Swarm", "SwarmError", "model_key", "peer_seed"]
 
 
 def peer_seed(run_seed: int, node_id: str) -> int:
@@ -117,20 +123,33 @@ class Swarm:
         self.address: Optional[str] = None  # the address peers dial, once started
         self.id: Optional[str] = None
         self._driver: Optional[NetworkDriver] = None
+        cfg = self.config
+        store = CheckpointStore(cfg.checkpoint_dir, cfg.keep_checkpoints) if cfg.checkpoint_dir else None
+        self._keeper = StateKeeper(model, self.flat, self.model_key, store, cfg.checkpoint_every_s)
+        self._servable = False  # holds state a joiner may take (restored, synced, or the first member)
+        self._joiner: Optional[StateJoiner] = None
+        self.synced: Optional[Synced] = None  # what state sync brought (None: nothing fresher was found)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def __enter__(self) -> "Swarm":
         return self.start()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.close(linger_s=0.0 if exc_type is not None else None)
+        clean = exc_type is None
+        self.close(linger_s=None if clean else 0.0, checkpoint=clean)
 
     def start(self) -> "Swarm":
-        """Bind, start the network thread and join; returns self. Raises SwarmError (JoinError
-        when no join address answers within ``join_timeout``)."""
+        """Bind, resume from a checkpoint, sync the swarm's state, join; returns self. Raises
+        SwarmError (JoinError when no join address answers within ``join_timeout``)."""
         if self.phase != "created":
             raise RuntimeError(f"Swarm.start() in phase {self.phase!r}: a Swarm starts once")
         cfg = self.config
+        try:
+            restored = self._keeper.restore(self.metrics.get("task"))
+        except StateError as exc:
+            raise SwarmError(str(exc)) from None
+        if restored is not None:
+            self._step = restored.step
         try:
             transport, bound = bind_transport(cfg.transport, cfg.listen)
         except TransportError as exc:
@@ -141,50 +160,73 @@ class Swarm:
             transport.close()
             raise SwarmError(str(exc)) from None
         self.id = cfg.node_id or self.address
-        now = time.monotonic()
-        rng = random.Random(peer_seed(cfg.seed, self.id))
-        self.port = _ModelPort(self, self.flat, self.model_key)
-        membership = Membership(cfg.membership, self.id, self.address, rng, now)
-        averager = make_averager(cfg.algorithm, cfg.averaging, self.port, rng, now, options=cfg.options)
-        self.peer = Peer(self.address, membership, averager, get_topology(cfg.topology_name))
-        avg = cfg.averaging
-        rounds = getattr(cfg.algorithm_options, "gossip_rounds", 1)
-        # A safety net only: the algorithms' own round/exchange timeouts release the trainer first.
-        self.hooks = StepHooks(averager, gate_timeout_s=3 * max(avg.exchange_timeout_s, avg.round_timeout_s * rounds))
-        self._driver = NetworkDriver(transport, self.peer, self.address, self._status_now, self._state_reply,
-                                     avg.exchange_timeout_s, self.hooks)
+        self._build_peer(transport, restored)
         self.phase = "joining"
-        self._driver.start(list(cfg.join))
+        self._driver.start()
         if self.handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old_handlers[sig] = signal.signal(sig, lambda *_: self.stop())
         try:
-            self._wait_joined()
+            if cfg.state_sync and cfg.join:
+                self._sync()
+            self._servable = True
+            self._driver.act(lambda now: self.peer.start(list(cfg.join), now))
+            wait_joined(self._driver, self.peer, cfg, self.stop_event)
         except BaseException:
             self._shut_down()
             raise
         self.phase = "training"
         self._started_at, self._steps_at_start = time.monotonic(), self._step
+        self._keeper.next_checkpoint = time.monotonic() + cfg.checkpoint_every_s
         return self
 
-    def _wait_joined(self) -> None:
-        """Until a join address answered and ``min_members`` are alive (or stop())."""
-        cfg = self.config
-        deadline = time.monotonic() + cfg.join_timeout_s
-        while True:
-            try:
-                joined, members = self._driver.call(lambda: (self.peer.joined, self.peer.live_members()))
-            except DriverStopped:
-                raise SwarmError(f"network loop failed: {self._driver.error}") from None
-            if (joined and members >= cfg.min_members) or self.stop_event.is_set():
-                return
-            if time.monotonic() >= deadline:
-                if not joined:
-                    raise JoinError(f"no join address answered within {cfg.join_timeout_s:g}s "
-                                    f"(tried {', '.join(cfg.join)})")
-                raise JoinError(f"{members} of the {cfg.min_members} members asked for were alive after "
-                                f"{cfg.join_timeout_s:g}s")
-            self.stop_event.wait(0.05)
+    def _build_peer(self, transport: Any, restored: Optional[TrainingState]) -> None:
+        """Membership (a restart rejoins with a higher incarnation), the averager with its
+        restored state, the state donor, the step hooks and the network driver."""
+        cfg, now = self.config, time.monotonic()
+        # This process's protocol randomness: the run seed and id, plus entropy of its own, so a
+        # restarted member never repeats its former self's random ids (CHOCO's stream, nonces).
+        rng = random.Random(f"{peer_seed(cfg.seed, self.id)}:{secrets.token_hex(8)}")
+        self.port = _ModelPort(self, self.flat, self.model_key)
+        incarnation = int(restored.info.get("incarnation", -1)) + 1 if restored is not None else 0
+        membership = Membership(cfg.membership, self.id, self.address, rng, now, incarnation=incarnation)
+        averager = make_averager(cfg.algorithm, cfg.averaging, self.port, rng, now, options=cfg.options)
+        if restored is not None:
+            self._load_algorithm_state(averager, restored, "checkpoint")
+        donor = StateDonor(cfg.sync, self._describe_state, self._capture_for_peer,
+                           lambda: [m.addr for m in membership.alive()])
+        self.peer = Peer(self.address, membership, averager, get_topology(cfg.topology_name), donor)
+        avg = cfg.averaging
+        rounds = getattr(cfg.algorithm_options, "gossip_rounds", 1)
+        # A safety net only: the algorithms' own round/exchange timeouts release the trainer first.
+        self.hooks = StepHooks(averager, gate_timeout_s=3 * max(avg.exchange_timeout_s, avg.round_timeout_s * rounds))
+        self._driver = NetworkDriver(transport, self.peer, self.address, self._status_now, self._state_reply,
+                                     avg.exchange_timeout_s, self.hooks, model_reply=self._model_reply)
+
+    def _load_algorithm_state(self, averager: Any, state: TrainingState, source: str) -> None:
+        if state.algorithm != self.config.algorithm:
+            log.warning("the %s state kept %s's algorithm state, not %s's: %s starts afresh",
+                        source, state.algorithm, self.config.algorithm, self.config.algorithm)
+            return
+        try:
+            averager.load_state_dict(state.algorithm_state, source)
+        except ValueError as exc:
+            raise SwarmError(f"{source} state of {state.algorithm} does not fit: {exc}") from None
+
+    def _sync(self) -> None:
+        """Take the swarm's state if a member holds a fresher one (joining.py)."""
+        self.phase = "syncing"
+        rng = random.Random(peer_seed(self.config.seed, self.id) ^ 0x5EED)
+        synced = sync_state(self._driver, self.peer, self.config, self.model, self.model_key, self._step, rng,
+                            self.stop_event, lambda joiner: setattr(self, "_joiner", joiner))
+        if synced is None:
+            return
+        self._keeper.apply(synced.state)
+        self._step = synced.state.step
+        self._driver.call(lambda: self._load_algorithm_state(self.peer.averager, synced.state, "peer"))
+        self.synced = synced
+        log.warning("took the swarm's state from %s: step %d, %.1f MB in %.2f s", synced.donor,
+                    synced.state.step, synced.nbytes / 1e6, synced.seconds)
 
     def stop(self) -> None:
         """Ask a loop that checks ``stop_requested`` to end (thread- and signal-safe)."""
@@ -217,16 +259,21 @@ class Swarm:
             applied = self.apply_pending()
             if on_tick is not None:
                 on_tick(applied)
+            if self._keeper.due(time.monotonic()):  # the model still moves: keep checkpointing it
+                self.save_checkpoint(wait=False)
         self.apply_pending()
 
-    def close(self, linger_s: Optional[float] = None) -> None:
-        """Finish (``finish(linger_s)``), announce the leave, close the sockets. The exchange
-        in flight is completed or abandoned within its timeout; the model is never left
-        half-mixed. Idempotent."""
+    def close(self, linger_s: Optional[float] = None, checkpoint: bool = True) -> None:
+        """Finish (``finish(linger_s)``), write a last checkpoint (with ``checkpoint_dir``,
+        unless ``checkpoint`` is False: the block ended in an exception), announce the leave,
+        close the sockets. The exchange in flight is completed or abandoned within its
+        timeout; the model is never left half-mixed. Idempotent."""
         if self._driver is None or self.phase in ("stopping", "stopped"):
             return
-        if self.phase != "joining":
+        if self.phase not in ("joining", "syncing"):
             self.finish(linger_s)
+            if checkpoint and not self._driver.finished.is_set():
+                self.save_checkpoint(wait=True)
         self._shut_down()
         if self._driver.error is not None:
             raise SwarmError(f"network loop failed: {self._driver.error}") from self._driver.error
@@ -246,8 +293,33 @@ class Swarm:
 
     # -- the training thread's side ----------------------------------------------------------
     def wrap(self, optimizer: torch.optim.Optimizer) -> SwarmOptimizer:
-        """``optimizer``, averaging beside it: use the result exactly as the original."""
-        return SwarmOptimizer(optimizer, self)
+        """``optimizer``, averaging beside it: use the result exactly as the original. Its
+        state is checkpointed, restored and given to joiners with the model's."""
+        wrapped = SwarmOptimizer(optimizer, self)
+        self._keeper.attach_optimizer(optimizer)
+        return wrapped
+
+    def register_state(self, name: str, obj: Any) -> None:
+        """Checkpoint ``obj`` (anything with ``state_dict``/``load_state_dict``: an LR
+        scheduler, a GradScaler, your data loader's position) with the run; when resuming, it
+        gets its state back now or, when it comes after the checkpoint was read, at once."""
+        self._keeper.register(name, obj)
+
+    @property
+    def resumed_from(self) -> Optional[str]:
+        """The checkpoint this member resumed from (None: it did not)."""
+        return self._keeper.restored_from
+
+    def save_checkpoint(self, wait: bool = True) -> None:
+        """Write a checkpoint now (training thread, between steps; with ``checkpoint_dir``)."""
+        if self._keeper.store is None or self._driver is None:
+            return
+        algorithm_state, incarnation = self._driver.call(
+            lambda: (self.peer.averager.state_dict(), self.peer.membership.incarnation))
+        info = {"task": self.metrics.get("task"), "seed": self.config.seed, "node_id": self.id,
+                "incarnation": incarnation, "saved_at": time.time()}
+        state = self._keeper.capture(self._step, self.config.algorithm, algorithm_state, info)
+        self._keeper.save(state, wait)
 
     @property
     def step(self) -> int:
@@ -277,6 +349,8 @@ class Swarm:
             self.flat.apply_pending()
         if self._driver.finished.is_set() and self._driver.error is not None:
             raise SwarmError(f"network loop failed: {self._driver.error}") from self._driver.error
+        if self._keeper.due(time.monotonic()):
+            self.save_checkpoint(wait=False)
 
     # -- what the caller sees ----------------------------------------------------------------
     def report(self, **metrics: Any) -> None:
@@ -321,6 +395,7 @@ class Swarm:
             "averaging": dict(peer.averager.stats), "consensus": peer.averager.disagreement.value,
             "uptime_s": round(now - self._started_at, 3),
             "bandwidth": self._bandwidth(), "gate_timeouts": self.hooks.gate_timeouts,
+            "sync": self._sync_status(), "served": list(peer.donor.served), "checkpoint": self._keeper.status(),
             **self._training_fields(),
         }
         self._cached_status = info
@@ -334,8 +409,31 @@ class Swarm:
         avg = self.config.averaging
         return {"links": {}, "codec": avg.compression, "interval_s": avg.interval_s}
 
+    def _sync_status(self) -> dict[str, Any]:
+        """While syncing: the transfer's progress; after: what came from whom (network thread)."""
+        if self._joiner is not None and not self._joiner.finished:
+            return self._joiner.progress()
+        s = self.synced
+        if s is None:
+            return {"phase": "none" if self._joiner is not None else "off"}
+        return {"phase": "done", "donor": s.donor, "step": s.state.step, "bytes": s.nbytes,
+                "seconds": round(s.seconds, 3), "crc": s.crc}
+
+    # -- what the network thread serves -----------------------------------------------------
     def _state_reply(self) -> StateReply:
         return StateReply(self._step, self.model_key, self.flat.snapshot())
+
+    def _describe_state(self) -> Optional[tuple[int, str]]:
+        return (self._step, self.model_key) if self._servable else None
+
+    def _capture_for_peer(self) -> tuple[Any, int, str]:
+        state = self._keeper.capture_for_peer(self._step, self.config.algorithm, self.peer.averager.state_dict(),
+                                              self.config.sync_optimizer)
+        return to_bytes(state), state.step, state.model_key
+
+    def _model_reply(self) -> ModelReply:
+        state = self._keeper.capture_for_peer(self._step, self.config.algorithm, {}, with_optimizer=False)
+        return ModelReply(state.step, self.model_key, to_bytes(state))
 
 
 def _member_row(m: Any, now: float) -> dict[str, Any]:

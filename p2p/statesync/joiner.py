@@ -1,0 +1,250 @@
+"""``StateJoiner``: the downloading side of state sync.
+
+Theory of operation. States: QUERYING -> TRANSFERRING -> DONE, or FAILED.
+
+- QUERYING: ask the join addresses for an offer (``SyncQuery``); every offer names more live
+  members, which are asked too, up to ``max_candidates``. When everyone asked has answered, or
+  ``query_timeout_s`` passed, choose a donor. Only offers for our model (same model key) with a
+  step above our own count (a joiner with a fresher checkpoint keeps it). With none, the outcome
+  is DONE with no state: we are as fresh as anyone (a new swarm, or a restart of all of it).
+- Choosing: the freshest offer sets the bar; every donor within ``step_slack`` steps of it is as
+  good, and among those each joiner prefers a different one (rendezvous hashing of the joiner's
+  nonce with the donor's address), busy ones last. So simultaneous joiners spread over donors.
+- TRANSFERRING: keep ``window`` chunk requests in flight; each chunk must belong to the
+  transfer, come from the same capture (``snapshot``, step, size) as the first, and land where
+  asked; the state must not exceed ``max_bytes`` (the caller's bound from its own state's size).
+  A donor that sends nothing for ``timeout_s``, refuses (BUSY, UNKNOWN) or breaks a rule is
+  dropped and the next candidate is tried from the start (its state is another capture). When
+  the candidates run out, the members are asked again, until ``deadline``; then FAILED.
+- DONE: ``outcome`` holds the bytes, the donor's step and address, and a crc32 of the bytes.
+
+Invariant: the bytes delivered are exactly one capture of one donor, in order, complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import zlib
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from p2p.protocol import RemoteProtocolError, Send
+from p2p.statesync.messages import OK, SyncChunk, SyncChunkRequest, SyncConfig, SyncOffer, SyncQuery
+
+QUERYING, TRANSFERRING, DONE, FAILED = "querying", "transferring", "done", "failed"
+
+
+@dataclass(frozen=True)
+class SyncOutcome:
+    data: Optional[bytes]  # None: no member had fresher state than ours
+    step: int = -1
+    donor: str = ""
+    crc: int = 0
+
+
+@dataclass
+class _Offer:
+    step: int
+    busy: bool
+    chunk_bytes: int  # 0: any
+
+
+@dataclass
+class _Transfer:
+    donor: str
+    ident: int
+    chunk: int  # bytes per request (ours, or less when the donor asked)
+    buffer: bytearray = field(default_factory=bytearray)
+    total: int = -1
+    snapshot: int = -1
+    step: int = -1
+    next_offset: int = 0  # the next offset to request
+    requested: set[int] = field(default_factory=set)  # offsets asked for and not yet received
+    received: int = 0  # bytes in place, contiguous from 0
+    pending: dict[int, bytes] = field(default_factory=dict)  # chunks that came ahead of a gap
+    last_progress: float = 0.0
+
+
+class StateJoiner:
+    def __init__(self, config: SyncConfig, seeds: Sequence[str], own_step: int, model_key: str, max_bytes: int,
+                 rng: random.Random, now: float, deadline: float, exclude: Sequence[str] = ()) -> None:
+        self.config = config
+        self.own_step, self.model_key, self.max_bytes = own_step, model_key, max_bytes
+        self.rng = rng
+        self.nonce = rng.getrandbits(62)
+        self.deadline = deadline  # give up (FAILED) when nothing could be synced by then
+        self.phase = QUERYING
+        self.outcome: Optional[SyncOutcome] = None
+        self.error = ""
+        self._seeds = list(dict.fromkeys(seeds))
+        self._asked: set[str] = set()
+        self._answered: set[str] = set()
+        self._offers: dict[str, _Offer] = {}
+        self._failed: set[str] = set()  # donors given up on in this run (asked again after a re-query)
+        self._excluded = frozenset(exclude)  # never donors (their state did not fit before)
+        self._query_until = now + config.query_timeout_s
+        self._reask_at = math.inf  # after every candidate failed: when to ask the members again
+        self._transfer: Optional[_Transfer] = None
+        self.attempts = 0  # donors tried
+        self.stats = {"offers": 0, "chunks": 0, "bytes": 0, "donors_failed": 0, "rejected": 0}
+
+    # -- driver interface -----------------------------------------------------------------------
+    def start(self, now: float) -> list[Send]:
+        return self._ask(self._seeds)
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in (DONE, FAILED)
+
+    def next_deadline(self) -> float:
+        if self.phase == QUERYING:
+            return min(self._query_until, self._reask_at)
+        if self.phase == TRANSFERRING:
+            return self._transfer.last_progress + self.config.timeout_s
+        return math.inf
+
+    def tick(self, now: float) -> list[Send]:
+        if self.phase == QUERYING and now >= self._reask_at:
+            self._reask_at, self._query_until = math.inf, now + self.config.query_timeout_s
+            return self._ask(self._seeds)
+        if self.phase == QUERYING and now >= self._query_until:
+            return self._choose(now)
+        if self.phase == TRANSFERRING and now >= self._transfer.last_progress + self.config.timeout_s:
+            return self._drop(f"{self._transfer.donor} sent nothing for {self.config.timeout_s:g}s", now)
+        return []
+
+    def receive(self, src: str, msg: object, now: float) -> list[Send]:
+        if isinstance(msg, SyncOffer):
+            return self._on_offer(src, msg, now)
+        if isinstance(msg, SyncChunk):
+            return self._on_chunk(src, msg, now)
+        return []
+
+    def progress(self) -> dict:
+        """For status: the phase, the donor and bytes so far."""
+        t = self._transfer
+        return {"phase": self.phase, "donor": t.donor if t else "", "received": t.received if t else 0,
+                "total": t.total if t else -1, "step": t.step if t else -1, "attempts": self.attempts,
+                "candidates": len(self._offers), "error": self.error}
+
+    # -- querying ---------------------------------------------------------------------------------
+    def _ask(self, addrs: Sequence[str]) -> list[Send]:
+        room = self.config.max_candidates - len(self._asked)
+        fresh = [a for a in addrs if a not in self._asked][:max(0, room)]
+        self._asked.update(fresh)
+        return [Send(a, SyncQuery(self.nonce)) for a in fresh]
+
+    def _on_offer(self, src: str, msg: SyncOffer, now: float) -> list[Send]:
+        if msg.nonce != self.nonce or src not in self._asked or src in self._answered:
+            return []  # not an answer to us (or a repeated one)
+        self.stats["offers"] += 1
+        if msg.model_key == self.model_key and msg.step > self.own_step:
+            self._offers[src] = _Offer(msg.step, msg.busy, msg.chunk_bytes)
+        elif msg.step >= 0 and msg.model_key != self.model_key:
+            self.stats["rejected"] += 1  # another model: never a donor
+        self._answered.add(src)
+        sends = self._ask(msg.members) if self.phase == QUERYING else []
+        if self.phase == QUERYING and self._asked <= self._answered:
+            sends += self._choose(now)
+        return sends
+
+    def _choose(self, now: float) -> list[Send]:
+        candidates = {a: o for a, o in self._offers.items() if a not in self._failed and a not in self._excluded}
+        if not candidates:
+            if not self._offers and not self._failed:
+                self.phase, self.outcome = DONE, SyncOutcome(None)  # nobody fresher: keep ours
+                return []
+            if now >= self.deadline:
+                self.phase, self.error = FAILED, self.error or "no member could serve its state"
+                return []
+            # Everyone failed once: ask again after a pause (members come back, a busy one frees
+            # up; a donor that breaks the rules at once must not make us spin).
+            self._failed.clear()
+            self._asked.clear()
+            self._answered = set()
+            self._offers.clear()
+            self._query_until = math.inf
+            self._reask_at = now + self.config.query_timeout_s
+            self.phase = QUERYING
+            return []
+        best = max(o.step for o in candidates.values())
+        good = [a for a, o in candidates.items() if o.step >= best - self.config.step_slack]
+
+        def preference(addr: str) -> tuple:
+            digest = hashlib.blake2b(f"{self.nonce}:{addr}".encode(), digest_size=8).digest()
+            return (candidates[addr].busy, -int.from_bytes(digest, "big"))
+
+        donor = min(good, key=preference)
+        self.attempts += 1
+        chunk = min(self.config.chunk_bytes, candidates[donor].chunk_bytes or self.config.chunk_bytes)
+        self._transfer = _Transfer(donor, self.rng.getrandbits(62), chunk, last_progress=now)
+        self.phase = TRANSFERRING
+        return self._request_more()
+
+    # -- transferring -----------------------------------------------------------------------------
+    def _request_more(self) -> list[Send]:
+        t = self._transfer
+        size = t.chunk
+        sends = []
+        limit = t.total if t.total >= 0 else 1  # before the first chunk (the size is unknown) ask for one
+        while len(t.requested) < self.config.window and t.next_offset < limit:
+            sends.append(Send(t.donor, SyncChunkRequest(t.ident, t.next_offset, size)))
+            t.requested.add(t.next_offset)
+            t.next_offset += size
+        return sends
+
+    def _on_chunk(self, src: str, msg: SyncChunk, now: float) -> list[Send]:
+        t = self._transfer
+        if self.phase != TRANSFERRING or src != t.donor or msg.transfer != t.ident:
+            return []  # late, from a donor given up on: ignore
+        if msg.status != OK:
+            return self._drop(f"{src} refused ({'busy' if msg.status == 1 else 'unknown transfer'})", now)
+        try:
+            self._check(t, msg)
+        except RemoteProtocolError as exc:
+            self.stats["rejected"] += 1
+            return self._drop(f"{src} broke the transfer: {exc}", now)
+        t.last_progress = now
+        t.requested.discard(msg.offset)
+        self.stats["chunks"] += 1
+        self.stats["bytes"] += int(msg.data.size)
+        if msg.offset == t.received:
+            t.buffer += memoryview(msg.data)
+            t.received += msg.data.size
+            while t.received in t.pending:
+                piece = t.pending.pop(t.received)
+                t.buffer += piece
+                t.received += len(piece)
+        elif msg.offset > t.received:
+            t.pending[msg.offset] = bytes(msg.data)
+        if t.received == t.total:
+            data = bytes(t.buffer)
+            self.phase = DONE
+            self.outcome = SyncOutcome(data, t.step, t.donor, zlib.crc32(data))
+            return []
+        return self._request_more()
+
+    def _check(self, t: _Transfer, msg: SyncChunk) -> None:
+        if t.total < 0:  # the first chunk fixes the capture
+            if msg.model_key != self.model_key:
+                raise RemoteProtocolError("wrong_model", f"state of {msg.model_key!r}, we train {self.model_key!r}")
+            if msg.total > self.max_bytes:
+                raise RemoteProtocolError("oversized", f"state of {msg.total} bytes, at most {self.max_bytes} expected")
+            if msg.step <= self.own_step:
+                raise RemoteProtocolError("bad_value", f"state of step {msg.step}, ours is {self.own_step}")
+            t.total, t.snapshot, t.step = msg.total, msg.snapshot, msg.step
+        elif (msg.snapshot, msg.total, msg.step) != (t.snapshot, t.total, t.step):
+            raise RemoteProtocolError("bad_value", "a chunk of another capture within one transfer")
+        expected = min(t.chunk, t.total - msg.offset)
+        if msg.offset not in t.requested or msg.data.size != expected:
+            raise RemoteProtocolError("bad_value", f"chunk at {msg.offset} of {msg.data.size} bytes, not asked for")
+
+    def _drop(self, why: str, now: float) -> list[Send]:
+        """Give up on the current donor; try the next candidate."""
+        self.error = why
+        self.stats["donors_failed"] += 1
+        self._failed.add(self._transfer.donor)
+        self._transfer = None
+        return self._choose(now)

@@ -1,0 +1,105 @@
+"""Joining a swarm, from the training thread's side: state sync first, then membership.
+
+``sync_state`` runs a ``StateJoiner`` (p2p/statesync/joiner.py) on the network thread and waits
+for it. A blob that arrives whole but does not fit this model (``StateError`` from
+p2p/training/state.py) counts against its donor like a broken transfer: the next attempt
+leaves that donor out. ``wait_joined`` then waits until a join address answered and
+``min_members`` are alive.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from p2p.config import SwarmConfig
+from p2p.net.driver import DriverStopped, NetworkDriver
+from p2p.peer import Peer
+from p2p.statesync import StateJoiner
+from p2p.statesync.joiner import FAILED
+from p2p.training.state import StateError, TrainingState, from_bytes
+
+log = logging.getLogger("p2p.swarm")
+ATTEMPTS = 3  # donors whose blob did not fit this model, before giving up
+
+
+class SwarmError(RuntimeError):
+    """The swarm member cannot go on: no join address answered, a port is taken, state sync
+    failed, or the network thread failed. The message says which."""
+
+
+class JoinError(SwarmError):
+    """No join address answered (or too few members came) within ``join_timeout``."""
+
+
+@dataclass
+class Synced:
+    state: TrainingState
+    donor: str
+    crc: int
+    nbytes: int
+    seconds: float
+
+
+def sync_state(driver: NetworkDriver, peer: Peer, config: SwarmConfig, model: torch.nn.Module, model_key: str,
+               own_step: int, rng: random.Random, stop: threading.Event,
+               watch: Callable[[Optional[StateJoiner]], None]) -> Optional[Synced]:
+    """Download the freshest state of the swarm, or None when no member has a fresher one
+    than ``own_step`` (or ``stop`` was set). ``watch(joiner)`` is told which joiner runs (for
+    status). Raises SwarmError when no member could serve a state that fits."""
+    started = time.monotonic()
+    deadline = started + config.join_timeout_s
+    mine = model.state_dict()
+    model_bytes = sum(t.numel() * t.element_size() for t in mine.values())
+    max_bytes = 8 * model_bytes + (16 << 20)  # model, optimizer slots, algorithm state, with room
+    excluded: set[str] = set()
+    for _ in range(ATTEMPTS):
+        joiner = StateJoiner(config.sync, config.join, own_step, model_key, max_bytes, rng, time.monotonic(),
+                             deadline, exclude=excluded)
+        watch(joiner)
+        driver.act(lambda now: peer.begin_sync(joiner, now))
+        while not _call(driver, lambda: joiner.finished):
+            if stop.wait(0.05):
+                return None
+        if joiner.phase == FAILED:
+            raise SwarmError(f"state sync failed: {joiner.error} (--no-state-sync starts from this node's own model)")
+        outcome = joiner.outcome
+        if outcome.data is None:
+            return None
+        try:
+            state = from_bytes(outcome.data, mine, model_key)
+        except StateError as exc:
+            log.warning("state from %s refused: %s; trying another member", outcome.donor, exc)
+            excluded.add(outcome.donor)
+            continue
+        return Synced(state, outcome.donor, outcome.crc, len(outcome.data), time.monotonic() - started)
+    raise SwarmError(f"state sync failed: {ATTEMPTS} donors sent state that does not fit this model")
+
+
+def wait_joined(driver: NetworkDriver, peer: Peer, config: SwarmConfig, stop: threading.Event) -> None:
+    """Until a join address answered and ``min_members`` are alive (or ``stop``)."""
+    deadline = time.monotonic() + config.join_timeout_s
+    while True:
+        joined, members = _call(driver, lambda: (peer.joined, peer.live_members()))
+        if (joined and members >= config.min_members) or stop.is_set():
+            return
+        if time.monotonic() >= deadline:
+            if not joined:
+                raise JoinError(f"no join address answered within {config.join_timeout_s:g}s "
+                                f"(tried {', '.join(config.join)})")
+            raise JoinError(f"{members} of the {config.min_members} members asked for were alive after "
+                            f"{config.join_timeout_s:g}s")
+        stop.wait(0.05)
+
+
+def _call(driver: NetworkDriver, fn):
+    try:
+        return driver.call(fn)
+    except DriverStopped:
+        raise SwarmError(f"network loop failed: {driver.error}") from None

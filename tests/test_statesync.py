@@ -1,0 +1,223 @@
+"""State sync's protocol (p2p/statesync/): a joiner and donors, driven by hand through the real
+wire codec, on a logical clock."""
+
+import random
+import zlib
+
+import numpy as np
+import pytest
+
+from p2p.statesync import StateDonor, StateJoiner, SyncConfig
+from p2p.statesync.joiner import DONE, FAILED, TRANSFERRING
+from p2p.statesync.messages import BUSY, SyncChunk, SyncChunkRequest, SyncQuery
+from p2p.wire import decode, encode, registered_tags
+
+KEY = "m/10"
+
+
+class Donor:
+    def __init__(self, addr, step, size=10_000, members=(), config=SyncConfig(chunk_bytes=1000), key=KEY, servable=True):
+        self.addr, self.step, self.key, self.servable = addr, step, key, servable
+        self.data = np.random.default_rng(step).integers(0, 256, size, dtype=np.uint8)
+        self.captures = 0
+        self.members = list(members)
+        self.donor = StateDonor(config, self.describe, self.capture, lambda: self.members)
+
+    def describe(self):
+        return (self.step, self.key) if self.servable else None
+
+    def capture(self):
+        self.captures += 1
+        return self.data.copy(), self.step, self.key
+
+
+class Net:
+    """Delivers sends through the wire codec; ``down`` addresses swallow what is sent to them."""
+
+    def __init__(self, joiner, donors, config):
+        self.joiner, self.donors, self.config = joiner, {d.addr: d for d in donors}, config
+        self.now, self.down, self.sent = 0.0, set(), []
+        self.tamper = None  # f(msg) -> msg, applied to chunks on their way
+
+    def deliver(self, src, sends):
+        queue = [(src, s) for s in sends]
+        while queue:
+            src, send = queue.pop(0)
+            self.sent.append(send.msg)
+            if send.to in self.down:
+                continue
+            _, msg = decode([bytes(f) for f in encode(send.msg, src)])
+            if isinstance(msg, SyncChunk) and self.tamper:
+                msg = self.tamper(msg)
+            if send.to == "joiner":
+                out = self.joiner.receive(src, msg, self.now)
+            else:
+                out = self.donors[send.to].donor.receive(src, msg, self.now)
+            queue += [(send.to, s) for s in out]
+
+    def run(self, until=60.0, step=0.1):
+        self.deliver("joiner", self.joiner.start(self.now))
+        while not self.joiner.finished and self.now < until:
+            self.now += step
+            self.deliver("joiner", self.joiner.tick(self.now))
+            for d in self.donors.values():
+                if d.addr not in self.down:
+                    self.deliver(d.addr, d.donor.tick(self.now))
+        return self.joiner
+
+
+def joiner(seeds, own_step=0, config=SyncConfig(chunk_bytes=1000), max_bytes=1 << 20, seed=0, deadline=30.0, **kw):
+    return StateJoiner(config, seeds, own_step, KEY, max_bytes, random.Random(seed), 0.0, deadline, **kw)
+
+
+def test_tags_are_pinned():
+    tags = registered_tags()
+    assert [tags[t] for t in (44, 45, 46, 47)] == ["SyncQuery", "SyncOffer", "SyncChunkRequest", "SyncChunk"]
+
+
+def test_a_joiner_finds_the_freshest_member_through_one_address_and_downloads_its_state_in_chunks():
+    old, fresh = Donor("a:1", step=100, members=["b:1"]), Donor("b:1", step=500)
+    j = Net(joiner(["a:1"]), [old, fresh], SyncConfig(chunk_bytes=1000)).run()
+    assert j.phase == DONE and j.outcome.donor == "b:1" and j.outcome.step == 500
+    assert j.outcome.data == fresh.data.tobytes() and j.outcome.crc == zlib.crc32(fresh.data)
+    assert fresh.captures == 1 and old.captures == 0  # one capture serves the whole transfer
+    assert j.stats["chunks"] == 10 and fresh.donor.served[0]["crc"] == j.outcome.crc
+
+
+def test_chunks_are_pipelined_within_the_window():
+    d = Donor("a:1", step=9, size=8000)
+    net = Net(joiner(["a:1"], config=SyncConfig(chunk_bytes=1000, window=3)), [d], None)
+    net.run()
+    requests = [m for m in net.sent if isinstance(m, SyncChunkRequest)]
+    assert [r.offset for r in requests] == list(range(0, 8000, 1000))
+    assert net.joiner.outcome.data == d.data.tobytes()
+
+
+def test_nothing_fresher_means_keep_our_own():
+    j = Net(joiner(["a:1"], own_step=800), [Donor("a:1", step=800)], None).run()
+    assert j.phase == DONE and j.outcome.data is None
+
+
+def test_offers_of_another_model_and_members_with_nothing_to_give_are_not_donors():
+    j = Net(joiner(["a:1", "b:1"]), [Donor("a:1", step=900, key="other/10"), Donor("b:1", step=50, servable=False)],
+            None).run()
+    assert j.phase == DONE and j.outcome.data is None and j.stats["rejected"] == 1
+
+
+def test_a_donor_that_goes_silent_mid_transfer_is_replaced_by_the_next():
+    config = SyncConfig(chunk_bytes=1000, window=1, timeout_s=2.0)
+    first, second = Donor("a:1", step=500, members=["b:1"], config=config), Donor("b:1", step=499, config=config)
+    net = Net(joiner(["a:1"], config=config), [first, second], config)
+    seen = []
+
+    def die_after_three_chunks(msg):
+        donor = net.joiner.progress()["donor"]
+        seen.append(donor)
+        if len(seen) == 3:
+            net.down.add(donor)  # it dies: what we asked of it from now on goes nowhere
+        return msg
+
+    net.tamper = die_after_three_chunks
+    j = net.run(until=60)
+    dead = seen[0]
+    assert j.phase == DONE and j.outcome.donor != dead and j.attempts == 2
+    assert "sent nothing for 2s" in j.error and j.stats["donors_failed"] == 1
+    survivor = second if dead == "a:1" else first
+    assert j.outcome.data == survivor.data.tobytes()  # nothing of the dead donor's capture is kept
+    assert net.now >= 2.0  # it waited the timeout, not less
+
+
+@pytest.mark.parametrize("tamper, reason", [
+    (lambda m: SyncChunk(m.transfer, m.status, m.snapshot + 1, m.step, m.model_key, m.total, m.offset, m.data)
+     if m.offset else m, "another capture"),
+    (lambda m: SyncChunk(m.transfer, m.status, m.snapshot, m.step, m.model_key, m.total, m.offset, m.data[:-1]), "not asked"),
+    (lambda m: SyncChunk(m.transfer, m.status, m.snapshot, m.step, m.model_key, 10**9, m.offset, m.data), "oversized"),
+])
+def test_a_donor_breaking_the_rules_is_dropped_and_nothing_it_sent_is_kept(tamper, reason):
+    a = Donor("a:1", step=500, members=["b:1"])
+    b = Donor("b:1", step=500)
+    net = Net(joiner(["a:1"], max_bytes=50_000), [a, b], None)
+    broken = {}
+
+    def tamper_first_donor(msg):
+        donor = net.joiner.progress()["donor"]
+        broken.setdefault("donor", donor)
+        return tamper(msg) if donor == broken["donor"] else msg
+
+    net.tamper = tamper_first_donor
+    j = net.run()
+    assert j.phase == DONE and j.outcome.donor != broken["donor"]
+    assert reason in j.error or (reason == "oversized" and "at most" in j.error)
+    good = b if j.outcome.donor == "b:1" else a
+    assert j.outcome.data == good.data.tobytes()
+
+
+def test_when_every_donor_fails_the_joiner_asks_again_until_its_deadline():
+    config = SyncConfig(chunk_bytes=1000, timeout_s=1.0, query_timeout_s=0.5)
+    d = Donor("a:1", step=500, config=config)
+    net = Net(joiner(["a:1"], config=config, deadline=5.0), [d], config)
+    net.tamper = lambda m: SyncChunk(m.transfer, m.status, m.snapshot, m.step, m.model_key, m.total, m.offset, m.data[:1])
+    j = net.run(until=30)
+    assert j.phase == FAILED and j.attempts >= 2 and "not asked" in j.error
+
+
+def test_a_donor_serves_at_most_max_transfers_and_shares_one_capture():
+    config = SyncConfig(chunk_bytes=1000, max_transfers=2, reuse_s=5.0)
+    d = Donor("a:1", step=10, config=config)
+    first = [d.donor.receive(f"j{i}:1", SyncChunkRequest(i, 0, 1000), 0.0) for i in range(3)]
+    statuses = [sends[0].msg.status for sends in first]
+    assert statuses == [0, 0, BUSY] and d.captures == 1 and d.donor.stats["busy"] == 1
+    assert d.donor.receive("j9:1", SyncQuery(7), 0.0)[0].msg.busy
+    # once the transfers went quiet for timeout_s, the donor serves again and drops the capture
+    d.donor.tick(20.0)
+    assert d.donor.receive("j3:1", SyncChunkRequest(3, 0, 1000), 20.0)[0].msg.status == 0 and d.captures == 2
+
+
+def test_a_request_past_the_start_of_an_unknown_transfer_is_refused():
+    d = Donor("a:1", step=10)
+    (reply,) = d.donor.receive("j:1", SyncChunkRequest(5, 3000, 1000), 0.0)
+    assert reply.msg.status == 2 and d.captures == 0
+
+
+def test_pacing_keeps_a_donor_under_its_rate_in_chunks_that_each_arrive_quickly():
+    donor_config = SyncConfig(max_rate_bps=100_000)  # 100 kB/s: chunks of 25 kB, 0.25 s each
+    d = Donor("a:1", step=10, size=500_000, config=donor_config)
+    net = Net(joiner(["a:1"], config=SyncConfig(timeout_s=1.0)), [d], None)  # the joiner asks for 1 MiB
+    j = net.run(until=60, step=0.01)
+    assert j.phase == DONE and j.outcome.data == d.data.tobytes() and j.stats["donors_failed"] == 0
+    assert j.stats["chunks"] == 20  # the donor's chunk size, not the joiner's
+    assert net.now >= 5.0  # 500 kB at 100 kB/s
+
+
+def test_simultaneous_joiners_spread_over_equally_fresh_donors():
+    donors = [Donor(f"d{i}:1", step=1000 - i) for i in range(4)]  # within step_slack of each other
+    chosen = []
+    for seed in range(8):  # 8 joiners at once (the clock does not move), 2 transfers per donor
+        net = Net(joiner([d.addr for d in donors], seed=seed), donors, None)
+        net.deliver("joiner", net.joiner.start(0.0))
+        assert net.joiner.phase == DONE
+        chosen.append(net.joiner.outcome.donor)
+    assert sorted(chosen.count(d.addr) for d in donors) == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("tag, values, tensors", [
+    (45, [1, 2, KEY, ["a:1"] * 65, False, 0], []),  # an offer listing too many members
+    (45, [1, -5, KEY, [], False, 0], []),  # a negative step
+    (45, [1, 5, KEY, [], False, -1], []),  # a negative chunk size
+    (46, [1, -1, 10], []),  # a negative offset
+    (46, [1, 0, 0], []),  # an empty chunk asked for
+    (46, [1, 0, 1 << 30], []),  # a chunk larger than any allowed
+    (47, [1, 0, 1, 1, KEY, 4, 0, None], [("uint8", [8])]),  # more data than the state is long
+    (47, [1, 0, 1, 1, KEY, 4, 0, None], [("float32", [1])]),  # data that is not bytes
+    (47, [1, 9, 1, 1, KEY, 4, 0, None], [("uint8", [0])]),  # an unknown status
+])
+def test_malformed_records_from_a_peer_are_rejected_by_the_codec(tag, values, tensors):
+    import msgpack
+
+    from p2p.protocol import RemoteProtocolError
+    from p2p.wire import PROTOCOL_VERSION
+
+    header = msgpack.packb([PROTOCOL_VERSION, tag, "x:1", values, [list(t) for t in tensors]])
+    frames = [header] + [bytes(np.zeros(shape, dtype=dtype).nbytes) for dtype, shape in tensors]
+    with pytest.raises(RemoteProtocolError):
+        decode(frames)
