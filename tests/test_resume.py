@@ -85,7 +85,7 @@ def test_a_joiner_starts_from_the_swarms_state_and_does_not_pull_it_back(tmp_pat
         assert served and served[-1]["crc"] == sync["crc"]  # exactly the bytes the donor captured
         assert sync["step"] >= steps  # the donor's step, not 0
         resumed = wait_until(lambda: resumed_line(swarm, 3), 30, what="the joiner's first evaluation")
-        assert resumed[0] == sync["step"] and abs(resumed[2] - accuracy_before) <= 0.02
+        assert resumed[0] == sync["step"] and resumed[2] >= accuracy_before - 0.02  # the swarm's model, not a new one
         final = wait_until(lambda: (s := status(swarm, 3)) and s["phase"] == "lingering" and s, 60,
                            what="the joiner to train its steps")
         assert final["step"] == steps + 300  # it continued the donor's count

@@ -44,3 +44,15 @@ SAMPLES += [OuterShareQ(**_Q, round=2, step=100, degree=3, model_key="synthetic/
             OuterShareQ(**_Q, round=3, step=150, degree=3, model_key="synthetic/12",
                         params=np.empty(0, dtype=np.float32), sketch=PARAMS[:4],
                         momentum=np.empty(0, dtype=np.float32))]
+
+# State sync (44..47) and the model export (48, 49).
+from p2p.net.control import ModelReply, ModelRequest  # noqa: E402
+from p2p.statesync.messages import SyncChunk, SyncChunkRequest, SyncOffer, SyncQuery  # noqa: E402
+
+_BYTES = np.arange(10, dtype=np.uint8)
+SAMPLES += [SyncQuery(nonce=7), SyncOffer(nonce=7, step=120, model_key="synthetic/12", members=("a:1", "b:2"),
+                                           busy=False, chunk_bytes=0),
+            SyncChunkRequest(transfer=3, offset=0, length=1 << 20),
+            SyncChunk(transfer=3, status=0, snapshot=1, step=120, model_key="synthetic/12", total=10, offset=0,
+                      data=_BYTES),
+            ModelRequest(), ModelReply(step=120, model_key="synthetic/12", data=_BYTES)]

@@ -14,6 +14,17 @@ def render_status(info: dict, console: Console | None = None) -> None:
         f"{info['algorithm']}/{info['topology']}  sent {info['bytes_sent'] / 1e6:.1f} MB  "
         f"recv {info['bytes_received'] / 1e6:.1f} MB  rejected {sum(info['rejected'].values())}"
     )
+    consensus = info.get("consensus")
+    if consensus is not None:
+        console.print(f"consensus estimate {consensus:.3g} (relative distance to partners' models)")
+    line = _sync_line(info.get("sync") or {})
+    if line:
+        console.print(line)
+    ckpt = info.get("checkpoint") or {}
+    if ckpt:
+        console.print(f"checkpoints in {ckpt['dir']}: last at step {ckpt.get('last_step')}, {ckpt.get('written', 0)} written"
+                      + (f", resumed from {ckpt['restored_from']}" if ckpt.get("restored_from") else "")
+                      + (f"; {ckpt['error']}" if ckpt.get("error") else ""))
     table = Table("id", "address", "state", "incarnation", "last heard")
     for row in info["members"]:
         heard = "-" if row["last_heard_s"] is None else f"{row['last_heard_s']:.1f}s ago"
@@ -26,3 +37,16 @@ def render_status(info: dict, console: Console | None = None) -> None:
         for peer, row in bw["links"].items():
             links.add_row(peer, str(row["throughput_mbit_s"]), str(row["exchange_ms"]), str(row["samples"]))
         console.print(links)
+
+
+def _sync_line(sync: dict) -> str:
+    """State sync, as a line: its progress while it runs, what it brought after."""
+    phase = sync.get("phase")
+    if phase in ("querying", "transferring"):
+        total = sync.get("total", -1)
+        done = f"{sync.get('received', 0) / 1e6:.1f}" + (f" of {total / 1e6:.1f} MB" if total >= 0 else " MB")
+        return f"state sync: {phase} from {sync.get('donor') or '?'}: {done} (attempt {sync.get('attempts', 0)})"
+    if phase == "done":
+        return (f"state sync: took step {sync['step']} from {sync['donor']} ({sync['bytes'] / 1e6:.1f} MB in "
+                f"{sync['seconds']:.1f} s)")
+    return ""
