@@ -42,7 +42,7 @@ def test_crashes_are_detected_by_everyone_within_three_suspicion_timeouts():
 def test_no_false_positives_under_modest_loss():
     r = run(SimConfig(peers=40, seed=3, duration_s=120.0, loss=0.05, warm_start=True))
     assert r["false_positives"] == 0
-    assert r["dropped"] > 0
+    assert r["lost"] > 0  # the loss model ate messages (dropped: receiver down or cut off)
     assert r["protocol_counters"].get("suspected", 0) > 0  # loss did cause suspicions, all refuted
 
 

@@ -2,17 +2,15 @@
 
 Theory of operation
 -------------------
-One event heap ordered by ``(time, seq)`` (``seq`` is a global counter, so ties resolve in
-insertion order and nothing else is ever compared); a logical clock ``now`` that only the heap
-advances; one ``random.Random`` per run for the network and the scenario, and one per member
+The shared event loop (``loop.py``: a heap ordered by ``(time, seq)``, a logical clock that only
+the heap advances, one live TICK per member); one ``random.Random`` per run for the network and the scenario, and one per member
 derived from ``(seed, index)`` by string (never ``hash()``), so the same ``SimConfig`` replays the
 same run bit for bit. Nothing reads the wall clock.
 
-Events: DELIVER (a message reaches a member), TICK (a member's ``next_deadline`` came), and
-scenario actions (START, CRASH, LEAVE, PARTITION, HEAL). The network model drops a message with
-probability ``loss``, delays it by ``delay_ms`` plus uniform jitter, serialises it on the
-sender's uplink when ``bandwidth_bps`` is set, and drops it at delivery when sender and
-receiver sit in different partition groups or the receiver is down.
+Events (``loop.py``): DELIVER (a message reaches a member) and TICK (a member's
+``next_deadline`` came), and scenario actions (START, CRASH, LEAVE, PARTITION, HEAL). The
+network model (``network.py``: loss, delay + jitter, per-sender uplink serialisation,
+partition groups, down receivers) is shared with the averaging simulator.
 
 Ground truth vs. views: ``up[i]`` says whether member i runs. Every member's table changes are
 observed through ``Membership.on_change``; from them the simulator keeps, incrementally,
@@ -40,10 +38,11 @@ from p2p.gossip.suspicion import suspicion_min_timeout
 from p2p.protocol import RemoteProtocolError
 from p2p.sim.config import SimConfig
 from p2p.sim.invariants import InvariantChecker, InvariantViolation
+from p2p.sim.loop import DELIVER, FIRST_KIND, INF, TICK, EventLoop, Timers
+from p2p.sim.network import Network
 from p2p.sim.wiresize import WireSize
 
-INF = float("inf")
-DELIVER, TICK, START, CRASH, LEAVE, PARTITION, HEAL = range(7)
+START, CRASH, LEAVE, PARTITION, HEAL = range(FIRST_KIND, FIRST_KIND + 5)
 
 
 class Simulation:
@@ -57,15 +56,13 @@ class Simulation:
         self.addr_index = {a: i for i, a in enumerate(self.addrs)}
         self.id_index = {x: i for i, x in enumerate(self.ids)}
         self.nodes: list[Optional[Membership]] = [None] * n
-        self.up = [False] * n
+        self.loop = EventLoop()
+        self.timers = Timers(self.loop, n)
+        self.net = Network(self.loop, self.rng, n, cfg.loss, cfg.delay_ms / 1000.0, cfg.jitter_ms / 1000.0,
+                           cfg.bandwidth_bps)
+        self.up = self.net.up  # the network's list: whether member i runs
         self.leaving = [False] * n
         self.crashed = [False] * n
-        self.group = [0] * n
-        self.sched = [INF] * n
-        self.link_free = [0.0] * n
-        self.heap: list[tuple] = []
-        self.seq = 0
-        self.now = 0.0
         self.size = WireSize(self.ids, self.addrs)
         self.checker = InvariantChecker(cfg.seed) if cfg.check_invariants else None
         # ground truth and view tracking
@@ -83,10 +80,6 @@ class Simulation:
         self.partition_started: Optional[float] = None
         self.member_seconds = 0.0
         self._last_change = 0.0
-        # traffic
-        self.msgs = 0
-        self.bytes = 0
-        self.dropped = 0
         self.remote_errors = 0
         self.events = 0
 
@@ -112,16 +105,20 @@ class Simulation:
             self._push(start + cfg.partition_s, HEAL, 0)
 
     def _push(self, t: float, kind: int, a: int, b: int = 0, c: object = None) -> None:
-        heapq.heappush(self.heap, (t, self.seq, kind, a, b, c))
-        self.seq += 1
+        self.loop.push(t, kind, a, b, c)
+
+    @property
+    def now(self) -> float:
+        return self.loop.now
 
     # ------------------------------------------------------------------ main loop
 
     def run(self) -> dict:
         self.schedule()
-        heap, nodes, up, group, sched = self.heap, self.nodes, self.up, self.group, self.sched
-        addrs, end, dispatch = self.addrs, self.cfg.duration_s, self._dispatch
-        pop, push = heapq.heappop, heapq.heappush
+        loop, nodes, at = self.loop, self.nodes, self.timers.at
+        heap, addrs, end, dispatch = loop.heap, self.addrs, self.cfg.duration_s, self._dispatch
+        pop, push, arrives = heapq.heappop, loop.push, self.net.arrives
+        up = self.up
         events = 0
         while heap:
             t, _, kind, a, b, c = pop(heap)
@@ -129,10 +126,9 @@ class Simulation:
                 break
             events += 1
             if kind == DELIVER:
-                if not up[a] or group[a] != group[b]:
-                    self.dropped += 1
+                if not arrives(a, b):
                     continue
-                self.now = t
+                loop.now = t
                 node = nodes[a]
                 try:
                     sends = node.receive(addrs[b], c, t)
@@ -141,19 +137,18 @@ class Simulation:
                     continue
                 if sends:
                     dispatch(a, sends, t)
-                d = node.next_deadline()  # keep one live TICK per member; older ones go stale
-                if d != sched[a]:
-                    if d < t:
-                        d = t
-                    sched[a] = d
+                d = node.next_deadline()  # Timers.arm, inlined: one live TICK per member
+                if d < t:
+                    d = t
+                if d != at[a]:
+                    at[a] = d
                     if d < INF:
-                        push(heap, (d, self.seq, TICK, a, 0, None))
-                        self.seq += 1
+                        push(d, TICK, a)
             elif kind == TICK:
-                if sched[a] != t or not up[a]:
+                if at[a] != t or not up[a]:
                     continue
-                self.now = t
-                sched[a] = INF
+                loop.now = t
+                at[a] = INF
                 node = nodes[a]
                 sends = node.tick(t)
                 if sends:
@@ -162,50 +157,24 @@ class Simulation:
                 if d <= t:
                     raise InvariantViolation(self.cfg.seed, t, f"{self.ids[a]}: tick() left next_deadline() at {d}")
                 if d < INF:
-                    sched[a] = d
-                    push(heap, (d, self.seq, TICK, a, 0, None))
-                    self.seq += 1
+                    at[a] = d
+                    push(d, TICK, a)
             else:
-                self.now = t
+                loop.now = t
                 self._action(kind, a, t)
         self.events = events
-        self.now = end
+        loop.now = end
         self._account(end)
         return self.result()
 
     def _reschedule(self, i: int, t: float) -> None:
-        """Keep exactly one live TICK per member, at its next_deadline(); older ones go stale."""
-        d = self.nodes[i].next_deadline()
-        if d != self.sched[i]:
-            if d < t:
-                d = t
-            self.sched[i] = d
-            if d < INF:
-                heapq.heappush(self.heap, (d, self.seq, TICK, i, 0, None))
-                self.seq += 1
+        self.timers.arm(i, self.nodes[i].next_deadline(), t)
 
     def _dispatch(self, i: int, sends: list, t: float) -> None:
-        cfg, rng, size_of, index, heap = self.cfg, self.rng, self.size, self.addr_index, self.heap
-        loss, base, jitter, bw = cfg.loss, cfg.delay_ms / 1000.0, cfg.jitter_ms / 1000.0, cfg.bandwidth_bps
-        seq, nbytes, dropped = self.seq, 0, 0
+        send, size_of, index = self.net.send, self.size, self.addr_index
         for s in sends:
             msg = s.msg
-            size = size_of(msg)
-            nbytes += size
-            j = index.get(s.to)
-            if j is None or (loss and rng.random() < loss):
-                dropped += 1
-                continue
-            depart = t
-            if bw:
-                depart = max(t, self.link_free[i]) + size * 8.0 / bw
-                self.link_free[i] = depart
-            heapq.heappush(heap, (depart + base + rng.random() * jitter, seq, DELIVER, j, i, msg))
-            seq += 1
-        self.seq = seq
-        self.msgs += len(sends)
-        self.bytes += nbytes
-        self.dropped += dropped
+            send(t, i, index.get(s.to), msg, size_of(msg))
 
     def _action(self, kind: int, i: int, t: float) -> None:
         if kind == START:
@@ -225,14 +194,10 @@ class Simulation:
             self._account(t)
             self._gone(i, t, "crash" if kind == CRASH else "leave")
         elif kind == PARTITION:
-            live = [i for i in range(self.n) if self.up[i]]
-            self.rng.shuffle(live)
-            cut = max(1, min(len(live) - 1, round(self.cfg.partition * len(live))))
-            for i in live[:cut]:
-                self.group[i] = 1
+            self.net.partition(self.cfg.partition)
             self.partition_started = t
         elif kind == HEAL:
-            self.group[:] = [0] * self.n  # in place: the main loop holds this list
+            self.net.heal()
             self.heal_at = t
             self._check_full(t)
 
@@ -331,12 +296,12 @@ class Simulation:
 
     def _hook(self, o: int):
         """The on_change observer for member o: invariants, convergence, detection, false positives."""
-        oid, id_index, checker, sim = self.ids[o], self.id_index, self.checker, self
-        up, alive_known, group, crashed, pending = self.up, self.alive_known, self.group, self.crashed, self.pending
+        oid, id_index, checker, sim, loop = self.ids[o], self.id_index, self.checker, self, self.loop
+        up, alive_known, group, crashed, pending = self.up, self.alive_known, self.net.group, self.crashed, self.pending
 
         def hook(mid: str, os: Optional[int], oi: int, ns: Optional[int], ni: int) -> None:
             if checker is not None:
-                checker.observe(sim.now, oid, mid, os, oi, ns, ni, sim.leaving[o])
+                checker.observe(loop.now, oid, mid, os, oi, ns, ni, sim.leaving[o])
             m = id_index.get(mid)
             if m is None or m == o or not up[o]:
                 return
@@ -348,24 +313,24 @@ class Simulation:
                     target = sim.n_up - 1
                     if k == target:
                         sim.n_full += 1
-                        sim._check_full(sim.now)
+                        sim._check_full(loop.now)
                     elif was and k == target - 1:
                         sim.n_full -= 1
                 if ns == DEAD and os != DEAD and not crashed[m] and group[o] == group[m]:
-                    sim.false_positive.setdefault(m, sim.now)
+                    sim.false_positive.setdefault(m, loop.now)
             elif m in pending:
                 was_up = os is not None and os <= SUSPECT
                 is_up = ns is not None and ns <= SUSPECT
                 if was_up != is_up:
                     pending[m][2] += 1 if was_up else -1
-                    sim._check_gone(m, sim.now)
+                    sim._check_gone(m, loop.now)
 
         return hook
 
     # ------------------------------------------------------------------ results
 
     def result(self) -> dict:
-        cfg = self.cfg
+        cfg, net = self.cfg, self.net
         mc = cfg.membership
         period = mc.probe_interval
         conv = self.converged_at
@@ -398,10 +363,11 @@ class Simulation:
             "leave_propagation_s": _summary(sorted(self.leave_times)) if cfg.leave else None,
             "false_positives": len(self.false_positive),
             "partition_merge_s": _r(merge),
-            "msgs_per_member_s": _r(self.msgs / member_s),
-            "bytes_per_member_s": _r(self.bytes / member_s),
-            "messages": self.msgs,
-            "dropped": self.dropped,
+            "msgs_per_member_s": _r(net.sent / member_s),
+            "bytes_per_member_s": _r(net.bytes / member_s),
+            "messages": net.sent,
+            "lost": net.lost,
+            "dropped": net.dropped,
             "remote_errors": self.remote_errors,
             "events": self.events,
             "live_members_at_end": self.n_up,
