@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 
 from p2p.gossip.config import PRESETS
+from p2p.sim.churn import Churn
 from p2p.sim.config import SimConfig
 from p2p.sim.engine import run
 from p2p.sim.invariants import InvariantViolation
@@ -51,8 +52,8 @@ def simulate(
         _fail(f"--membership must be one of {', '.join(sorted(PRESETS))}, got {preset!r}")
     try:
         cfg = SimConfig(peers=peers, seed=seed, duration_s=duration_s, loss=loss, delay_ms=delay_ms,
-                        crash=crash, join=join, leave=leave, partition=partition, partition_s=partition_s,
-                        warm_start=warm_start, membership=PRESETS[preset]())
+                        churn=Churn(joins=join, crashes=crash, leaves=leave), partition=partition,
+                        partition_s=partition_s, warm_start=warm_start, membership=PRESETS[preset]())
     except ValueError as exc:
         _fail(str(exc))
     started = time.perf_counter()

@@ -3,8 +3,9 @@
 ``run(SimConfig(...))`` returns the metrics dict; ``p2p.cli.simulate.simulate`` is the CLI command.
 """
 
+from p2p.sim.churn import Churn
 from p2p.sim.config import SimConfig
 from p2p.sim.engine import Simulation, run
 from p2p.sim.invariants import InvariantChecker, InvariantViolation
 
-__all__ = ["SimConfig", "Simulation", "run", "InvariantChecker", "InvariantViolation"]
+__all__ = ["Churn", "SimConfig", "Simulation", "run", "InvariantChecker", "InvariantViolation"]

@@ -8,7 +8,10 @@ derived from ``(seed, index)`` by string (never ``hash()``), so the same ``SimCo
 same run bit for bit. Nothing reads the wall clock.
 
 Events (``loop.py``): DELIVER (a message reaches a member) and TICK (a member's
-``next_deadline`` came), and scenario actions (START, CRASH, LEAVE, PARTITION, HEAL). The
+``next_deadline`` came), and scenario actions (START, JOIN, CRASH, LEAVE, PARTITION, HEAL).
+Churn (``churn.py``, shared with the averaging simulator): the k-th JOIN starts member
+``peers + k`` through a running member; CRASH and LEAVE pick their victim among the running
+members when they fire. The
 network model (``network.py``: loss, delay + jitter, per-sender uplink serialisation,
 partition groups, down receivers) is shared with the averaging simulator.
 
@@ -36,20 +39,21 @@ from p2p.gossip.membership import Membership
 from p2p.gossip.messages import ALIVE, DEAD, SUSPECT
 from p2p.gossip.suspicion import suspicion_min_timeout
 from p2p.protocol import RemoteProtocolError
+from p2p.sim.churn import CRASH as CHURN_CRASH, JOIN as CHURN_JOIN, pick
 from p2p.sim.config import SimConfig
 from p2p.sim.invariants import InvariantChecker, InvariantViolation
 from p2p.sim.loop import DELIVER, FIRST_KIND, INF, TICK, EventLoop, Timers
 from p2p.sim.network import Network
 from p2p.sim.wiresize import WireSize
 
-START, CRASH, LEAVE, PARTITION, HEAL = range(FIRST_KIND, FIRST_KIND + 5)
+START, JOIN, CRASH, LEAVE, PARTITION, HEAL = range(FIRST_KIND, FIRST_KIND + 6)
 
 
 class Simulation:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.rng = random.Random(f"{cfg.seed}:sim")
-        n = cfg.peers + cfg.join
+        n = cfg.peers + cfg.churn.joins
         self.n = n
         self.ids = [f"n{i:05d}" for i in range(n)]
         self.addrs = [f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}:7946" for i in range(n)]
@@ -93,12 +97,10 @@ class Simulation:
             self._push(0.0, START, 0)
             for i in range(1, cfg.peers):
                 self._push(rng.random() * cfg.join_spread_s, START, i)
-        lo, hi = (f * cfg.duration_s for f in cfg.fault_window)
-        victims = rng.sample(range(cfg.peers), cfg.crash + cfg.leave)
-        for k, i in enumerate(victims):
-            self._push(lo + rng.random() * (hi - lo), CRASH if k < cfg.crash else LEAVE, i)
-        for k in range(cfg.join):
-            self._push(lo + rng.random() * (hi - lo), START, cfg.peers + k)
+        kinds = {CHURN_JOIN: JOIN, CHURN_CRASH: CRASH}
+        for t, kind in cfg.churn.schedule(rng, cfg.duration_s):
+            self._push(t, kinds.get(kind, LEAVE), 0)
+        self.next_joiner = cfg.peers
         if cfg.partition is not None:
             start = cfg.partition_start
             self._push(start, PARTITION, 0)
@@ -182,8 +184,12 @@ class Simulation:
                 self._warm_start(t)
             else:
                 self._start(i, t)
+        elif kind == JOIN:
+            self.next_joiner += 1
+            self._start(self.next_joiner - 1, t)
         elif kind in (CRASH, LEAVE):
-            if not self.up[i]:
+            i = self.cfg.churn.victim(self.rng, [j for j in range(self.n) if self.up[j]])
+            if i is None:
                 return
             if kind == LEAVE:
                 self.leaving[i] = True
@@ -215,8 +221,8 @@ class Simulation:
         elif i < self.cfg.peers:
             seeds = [self.addrs[0]]
         else:
-            live = [j for j in range(self.n) if self.up[j]]
-            seeds = [self.addrs[live[int(self.rng.random() * len(live))]]] if live else []
+            via = pick(self.rng, [j for j in range(self.n) if self.up[j]])
+            seeds = [] if via is None else [self.addrs[via]]
         self._account(t)
         self.up[i] = True
         self.n_up += 1
@@ -335,7 +341,7 @@ class Simulation:
         period = mc.probe_interval
         conv = self.converged_at
         det = sorted(self.detections)
-        susp_min = suspicion_min_timeout(mc.suspicion_mult, cfg.peers + cfg.join, period)
+        susp_min = suspicion_min_timeout(mc.suspicion_mult, self.n, period)
         member_s = max(self.member_seconds, 1e-9)
         merge = None
         if self.heal_at is not None and self.merged_at is not None:
@@ -346,9 +352,9 @@ class Simulation:
             "duration_s": cfg.duration_s,
             "loss": cfg.loss,
             "delay_ms": cfg.delay_ms,
-            "crash": cfg.crash,
-            "join": cfg.join,
-            "leave": cfg.leave,
+            "crash": cfg.churn.crashes,
+            "join": cfg.churn.joins,
+            "leave": cfg.churn.leaves,
             "partition": cfg.partition,
             "partition_s": cfg.partition_s if cfg.partition is not None else None,
             "warm_start": cfg.warm_start,
@@ -360,7 +366,7 @@ class Simulation:
             "undetected": sum(1 for r in self.pending.values() if r[0] == "crash"),
             "suspicion_min_timeout_s": _r(susp_min),
             "detection_max_in_suspicion_timeouts": _r(det[-1] / susp_min) if det else None,
-            "leave_propagation_s": _summary(sorted(self.leave_times)) if cfg.leave else None,
+            "leave_propagation_s": _summary(sorted(self.leave_times)) if cfg.churn.leaves else None,
             "false_positives": len(self.false_positive),
             "partition_merge_s": _r(merge),
             "msgs_per_member_s": _r(net.sent / member_s),
