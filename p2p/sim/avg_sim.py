@@ -6,8 +6,9 @@ Theory of operation
 The same machinery as the membership simulator: the event loop (``loop.py``: a heap ordered by
 ``(time, seq)``, one live TICK per peer at its ``next_deadline()``), the network model
 (``network.py``: loss, delay + jitter, uplink bandwidth, down receivers) and the churn schedule
-(``churn.py``). One ``random.Random`` for the network and the scenario and one per peer, all
-derived from the seed by string, so the same ``AvgSimConfig`` replays the same run bit for bit.
+(``churn.py``). One ``random.Random`` for the network, one for the churn schedule and one per
+peer, all derived from the seed by string, so the same ``AvgSimConfig`` replays the same run bit
+for bit.
 Nothing reads the wall clock.
 
 Every peer is a ``SimNode`` (``avg_node.py``): ``Peer(addr, Membership(...), averager,
@@ -121,7 +122,8 @@ class AvgSimulation:
         self.options = cfg.algorithm_options()
         self.averaging = cfg.averaging_config()
         self.membership = cfg.membership_config()
-        self.rng = random.Random(f"{cfg.seed}:avgsim")
+        self.rng = random.Random(f"{cfg.seed}:avgsim")  # the network's
+        self.churn_rng = random.Random(f"{cfg.seed}:churn")  # churn times, victims, joiners' seeds
         total = cfg.peers + cfg.churn.joins
         self.problem = Quadratics(total, cfg.dim, cfg.seed, cfg.heterogeneity)
         init_rng = np.random.default_rng([cfg.seed, 0x1A17])
@@ -155,7 +157,7 @@ class AvgSimulation:
         push = self.loop.push
         push(0.0, START)
         kinds = {CHURN_JOIN: JOIN, CHURN_CRASH: CRASH}
-        for t, kind in cfg.churn.schedule(self.rng, cfg.nominal_s):
+        for t, kind in cfg.churn.schedule(self.churn_rng, cfg.nominal_s):
             push(t, kinds.get(kind, LEAVE))
         push(0.0, SAMPLE)
 
@@ -223,7 +225,7 @@ class AvgSimulation:
         i = self.next_joiner
         self.next_joiner += 1
         self.joins_pending -= 1
-        self._start(i, pick(self.rng, self.running()), None)
+        self._start(i, pick(self.churn_rng, self.running()), None)
 
     def _start(self, i: int, via: Optional[int], rows: Optional[dict]) -> None:
         """Start peer i; a joiner (``via`` set) copies that member's step count, as a state
@@ -250,7 +252,7 @@ class AvgSimulation:
 
     def _depart(self, kind: str) -> None:
         """A crash (silent) or a leave (announced) of a running peer picked now."""
-        i = self.cfg.churn.victim(self.rng, self.running())
+        i = self.cfg.churn.victim(self.churn_rng, self.running())
         if i is None:
             return
         node, now = self.nodes[i], self.now

@@ -5,8 +5,9 @@ Theory of operation
 ``Churn`` says how many members join, crash and leave, and when: each event at a uniform time
 inside ``window``, a pair of fractions of the run's span (the membership simulator's duration,
 the averaging simulator's nominal training time). ``schedule(rng, span_s)`` draws the times
-from the run's RNG in a fixed order (crashes, then leaves, then joins), so a seed replays the
-same schedule.
+from the RNG it is given in a fixed order (crashes, then leaves, then joins), so a seed replays
+the same schedule. The simulators give churn an RNG stream of its own, so a scenario with
+churn sees the same network draws as the one without until its first churn event.
 
 Who is not decided in advance. A joiner is simply the next member not started yet; it joins
 through a member ``pick``-ed among the running ones when its event fires. A crash or leave

@@ -2,10 +2,12 @@
 
 Theory of operation
 -------------------
-The shared event loop (``loop.py``: a heap ordered by ``(time, seq)``, a logical clock that only
-the heap advances, one live TICK per member); one ``random.Random`` per run for the network and the scenario, and one per member
-derived from ``(seed, index)`` by string (never ``hash()``), so the same ``SimConfig`` replays the
-same run bit for bit. Nothing reads the wall clock.
+The shared event loop (``loop.py``: a heap ordered by ``(time, seq)``, a logical clock that
+only the heap advances, one live TICK per member); one ``random.Random`` per run for the
+network, the partition and the start times, one for churn, and one per member, all derived
+from the seed by string (never ``hash()``), so the same ``SimConfig`` replays the same run bit
+for bit. Churn has its own stream so that adding crashes or joins to a scenario leaves the
+network's draws before the first churn event unchanged. Nothing reads the wall clock.
 
 Events (``loop.py``): DELIVER (a message reaches a member) and TICK (a member's
 ``next_deadline`` came), and scenario actions (START, JOIN, CRASH, LEAVE, PARTITION, HEAL).
@@ -52,7 +54,8 @@ START, JOIN, CRASH, LEAVE, PARTITION, HEAL = range(FIRST_KIND, FIRST_KIND + 6)
 class Simulation:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        self.rng = random.Random(f"{cfg.seed}:sim")
+        self.rng = random.Random(f"{cfg.seed}:sim")  # the network's, and the initial start times
+        self.churn_rng = random.Random(f"{cfg.seed}:churn")  # churn times, victims, joiners' seeds
         n = cfg.peers + cfg.churn.joins
         self.n = n
         self.ids = [f"n{i:05d}" for i in range(n)]
@@ -98,7 +101,7 @@ class Simulation:
             for i in range(1, cfg.peers):
                 self._push(rng.random() * cfg.join_spread_s, START, i)
         kinds = {CHURN_JOIN: JOIN, CHURN_CRASH: CRASH}
-        for t, kind in cfg.churn.schedule(rng, cfg.duration_s):
+        for t, kind in cfg.churn.schedule(self.churn_rng, cfg.duration_s):
             self._push(t, kinds.get(kind, LEAVE), 0)
         self.next_joiner = cfg.peers
         if cfg.partition is not None:
@@ -188,7 +191,7 @@ class Simulation:
             self.next_joiner += 1
             self._start(self.next_joiner - 1, t)
         elif kind in (CRASH, LEAVE):
-            i = self.cfg.churn.victim(self.rng, [j for j in range(self.n) if self.up[j]])
+            i = self.cfg.churn.victim(self.churn_rng, [j for j in range(self.n) if self.up[j]])
             if i is None:
                 return
             if kind == LEAVE:
@@ -221,7 +224,7 @@ class Simulation:
         elif i < self.cfg.peers:
             seeds = [self.addrs[0]]
         else:
-            via = pick(self.rng, [j for j in range(self.n) if self.up[j]])
+            via = pick(self.churn_rng, [j for j in range(self.n) if self.up[j]])
             seeds = [] if via is None else [self.addrs[via]]
         self._account(t)
         self.up[i] = True
