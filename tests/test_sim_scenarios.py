@@ -23,6 +23,14 @@ def test_same_seed_same_result_and_other_seed_differs():
     assert c["messages"] != a["messages"]
 
 
+def test_churn_does_not_shift_the_network_draws_before_it_happens():
+    """Churn has its own RNG stream: with and without late crashes, the join phase is the same run."""
+    calm = run(SimConfig(peers=30, seed=8, duration_s=40.0))
+    churned = run(SimConfig(peers=30, seed=8, duration_s=40.0, churn=Churn(crashes=2, window=(0.75, 0.8))))
+    assert calm["convergence_s"] is not None and calm["convergence_s"] < 30.0
+    assert churned["convergence_s"] == calm["convergence_s"] and churned["detection_s"]["count"] == 2
+
+
 def test_join_through_one_seed_converges_within_3_log2_n_periods():
     r = run(SimConfig(peers=60, seed=1, duration_s=30.0))
     assert r["convergence_periods"] is not None

@@ -13,9 +13,9 @@ Events (``loop.py``): DELIVER (a message reaches a member) and TICK (a member's
 ``next_deadline`` came), and scenario actions (START, JOIN, CRASH, LEAVE, PARTITION, HEAL).
 Churn (``churn.py``, shared with the averaging simulator): the k-th JOIN starts member
 ``peers + k`` through a running member; CRASH and LEAVE pick their victim among the running
-members when they fire. The
-network model (``network.py``: loss, delay + jitter, per-sender uplink serialisation,
-partition groups, down receivers) is shared with the averaging simulator.
+members when they fire. The network model (``network.py``: loss, delay + jitter, per-sender
+uplink serialisation, partition groups, down receivers) is shared with the averaging simulator
+too.
 
 Ground truth vs. views: ``up[i]`` says whether member i runs. Every member's table changes are
 observed through ``Membership.on_change``; from them the simulator keeps, incrementally,
@@ -89,6 +89,7 @@ class Simulation:
         self._last_change = 0.0
         self.remote_errors = 0
         self.events = 0
+        self.next_joiner = cfg.peers  # the member the next JOIN starts
 
     # ------------------------------------------------------------------ scenario
 
@@ -103,7 +104,6 @@ class Simulation:
         kinds = {CHURN_JOIN: JOIN, CHURN_CRASH: CRASH}
         for t, kind in cfg.churn.schedule(self.churn_rng, cfg.duration_s):
             self._push(t, kinds.get(kind, LEAVE), 0)
-        self.next_joiner = cfg.peers
         if cfg.partition is not None:
             start = cfg.partition_start
             self._push(start, PARTITION, 0)
