@@ -23,7 +23,7 @@ import math
 import sys
 import time
 
-from p2p.sim import SimConfig, run
+from p2p.sim import Churn, SimConfig, run
 
 
 def timed(cfg: SimConfig) -> tuple[dict, float, float]:
@@ -52,7 +52,8 @@ def bench_detect(quick: bool) -> None:
     rows = []
     for n in sizes:
         crash = max(3, min(10, n // 100))
-        cfg = SimConfig(peers=n, seed=2, duration_s=80.0, crash=crash, warm_start=True, fault_window=(0.1, 0.4))
+        cfg = SimConfig(peers=n, seed=2, duration_s=80.0, churn=Churn(crashes=crash, window=(0.1, 0.4)),
+                        warm_start=True)
         r, wall, cpu = timed(cfg)
         d, t = r["detection_s"], r["suspicion_min_timeout_s"]
         ok = d is not None and r["undetected"] == 0 and d["max"] <= 3 * t and r["false_positives"] == 0

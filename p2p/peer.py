@@ -9,6 +9,10 @@ member costs at most one exchange timeout.
 State sync (p2p/statesync/): every peer serves its state to joiners (``donor``); a joiner runs
 a ``StateJoiner`` (``begin_sync``) BEFORE ``start``, so no member averages with it until it
 holds the swarm's state.
+
+``neighbours()`` is asked on every message and step; it is memoised on (membership table
+version, topology round): the topology is a pure function of (me, alive members, round), so
+the answer only changes when the table or the round does.
 """
 
 from __future__ import annotations
@@ -32,13 +36,24 @@ class Peer:
         self.donor = donor
         self.joiner: Optional[StateJoiner] = None
         self._averaging_types = tuple(averager.MESSAGES)
+        self._round_of = getattr(averager, "topology_round", None)
+        self._alive_version = -1  # membership version that ``_alive`` was read at
+        self._alive: list[str] = []
+        self._memo_version, self._memo_round = -1, -1  # the key ``_memo`` was computed for
+        self._memo: list[str] = []
 
     def neighbours(self) -> list[str]:
         """This round's neighbours: the topology over the members believed alive (by address,
         so every peer computes the same graph from the same view without talking about it)."""
-        alive = [m.addr for m in self.membership.alive()]
-        round_of = getattr(self.averager, "topology_round", None)
-        return self.topology(self.addr, alive, round_of() if round_of else 0)
+        r = self._round_of() if self._round_of else 0
+        version = self.membership.version
+        if version != self._memo_version or r != self._memo_round:
+            if version != self._alive_version:
+                self._alive = [m.addr for m in self.membership.alive()]
+                self._alive_version = version
+            self._memo = self.topology(self.addr, self._alive, r)
+            self._memo_version, self._memo_round = version, r
+        return list(self._memo)
 
     def start(self, seeds: Sequence[str], now: float) -> list[Send]:
         return self.membership.start(seeds, now)

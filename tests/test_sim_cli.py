@@ -79,3 +79,14 @@ def test_simulate_with_an_algorithm_runs_the_averaging_simulator():
     assert out["final_gap"] < 0.1 * out["initial_gap"]
     bad = CliRunner().invoke(app, ["--algorithm", "allreduce"])
     assert bad.exit_code == 2 and "must be one of" in bad.output
+
+
+def test_simulate_an_algorithm_through_churn_reports_the_swarm_at_the_end():
+    args = ("--algorithm", "sgp", "--peers", "8", "--steps", "80", "--seed", "2", "--crash", "1", "--leave", "1",
+            "--join", "1", "--json")
+    res = invoke(*args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["live_at_end"] == 7 and out["false_positives"] == 0
+    assert 0 < out["membership_messages"] < out["messages"]
+    assert out["final_consensus"] < 0.1 * out["initial_consensus"]

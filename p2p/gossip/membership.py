@@ -140,6 +140,12 @@ class Membership:
     def has_left(self) -> bool:
         return self._left
 
+    @property
+    def version(self) -> int:
+        """A counter bumped on every table change (read-only): a cache key for views derived
+        from the table, such as ``alive()`` or a topology over it."""
+        return self._t.version
+
     def owns(self, msg: object) -> bool:
         """Whether ``msg`` belongs to the membership protocol (routing helper for drivers)."""
         return isinstance(msg, MEMBERSHIP_MESSAGES)

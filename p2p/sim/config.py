@@ -1,4 +1,4 @@
-"""Simulation scenario settings: one frozen dataclass, checked on construction."""
+"""Membership simulation scenario settings: one frozen dataclass, checked on construction."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from p2p.gossip.config import MembershipConfig
+from p2p.sim.churn import Churn
 
 
 @dataclass(frozen=True)
@@ -17,13 +18,10 @@ class SimConfig:
     delay_ms: float = 5.0  # one-way base latency
     jitter_ms: float = 2.0  # plus a uniform random extra in [0, jitter_ms)
     bandwidth_bps: Optional[float] = None  # per-member uplink in bits/s (None: unlimited)
-    crash: int = 0  # members that crash (stop sending and receiving) during the fault window
-    join: int = 0  # members that join later, each through a random live member
-    leave: int = 0  # members that leave gracefully during the fault window
+    churn: Churn = Churn()  # joins, crashes and leaves, at seeded times in churn.window of the run
     partition: Optional[float] = None  # fraction of live members cut off from the rest, in (0, 1)
     partition_s: float = 60.0  # how long the partition lasts
     partition_at_s: Optional[float] = None  # when it starts (default: (duration - partition_s) / 3)
-    fault_window: tuple = (0.25, 0.5)  # crashes/joins/leaves happen in this fraction of the run
     join_spread_s: float = 0.0  # the initial members start at uniform times in [0, this)
     warm_start: bool = False  # the initial members start already knowing each other
     membership: MembershipConfig = field(default_factory=MembershipConfig.lan)
@@ -39,19 +37,16 @@ class SimConfig:
         need(self.duration_s > 0, f"duration must be > 0 s, got {self.duration_s}")
         need(self.delay_ms >= 0 and self.jitter_ms >= 0, "delay and jitter must be >= 0 ms")
         need(self.bandwidth_bps is None or self.bandwidth_bps > 0, "bandwidth must be > 0 bits/s")
-        for name in ("crash", "join", "leave"):
-            v = getattr(self, name)
-            need(isinstance(v, int) and v >= 0, f"{name} must be >= 0, got {v}")
-        need(self.crash + self.leave <= max(0, self.peers - 1),
-             f"crash + leave ({self.crash + self.leave}) must leave at least one of {self.peers} peers")
+        need(isinstance(self.churn, Churn), "churn must be a Churn")
+        gone = self.churn.crashes + self.churn.leaves
+        need(gone <= max(0, self.peers - self.churn.floor),
+             f"crash + leave ({gone}) must leave at least {self.churn.floor} of {self.peers} peers")
         if self.partition is not None:
             need(0.0 < self.partition < 1.0, f"partition must be in (0, 1), got {self.partition}")
             need(0 < self.partition_s < self.duration_s,
                  f"partition-s must be in (0, duration), got {self.partition_s}")
             need(self.partition_at_s is None or 0 <= self.partition_at_s <= self.duration_s - self.partition_s,
                  "partition must start and end within the run")
-        lo, hi = self.fault_window
-        need(0.0 <= lo <= hi <= 1.0, "fault_window must be 0 <= lo <= hi <= 1")
         need(self.join_spread_s >= 0, "join_spread_s must be >= 0")
 
     @property

@@ -2,17 +2,20 @@
 
 Theory of operation
 -------------------
-One event heap ordered by ``(time, seq)`` (``seq`` is a global counter, so ties resolve in
-insertion order and nothing else is ever compared); a logical clock ``now`` that only the heap
-advances; one ``random.Random`` per run for the network and the scenario, and one per member
-derived from ``(seed, index)`` by string (never ``hash()``), so the same ``SimConfig`` replays the
-same run bit for bit. Nothing reads the wall clock.
+The shared event loop (``loop.py``: a heap ordered by ``(time, seq)``, a logical clock that
+only the heap advances, one live TICK per member); one ``random.Random`` per run for the
+network, the partition and the start times, one for churn, and one per member, all derived
+from the seed by string (never ``hash()``), so the same ``SimConfig`` replays the same run bit
+for bit. Churn has its own stream so that adding crashes or joins to a scenario leaves the
+network's draws before the first churn event unchanged. Nothing reads the wall clock.
 
-Events: DELIVER (a message reaches a member), TICK (a member's ``next_deadline`` came), and
-scenario actions (START, CRASH, LEAVE, PARTITION, HEAL). The network model drops a message with
-probability ``loss``, delays it by ``delay_ms`` plus uniform jitter, serialises it on the
-sender's uplink when ``bandwidth_bps`` is set, and drops it at delivery when sender and
-receiver sit in different partition groups or the receiver is down.
+Events (``loop.py``): DELIVER (a message reaches a member) and TICK (a member's
+``next_deadline`` came), and scenario actions (START, JOIN, CRASH, LEAVE, PARTITION, HEAL).
+Churn (``churn.py``, shared with the averaging simulator): the k-th JOIN starts member
+``peers + k`` through a running member; CRASH and LEAVE pick their victim among the running
+members when they fire. The network model (``network.py``: loss, delay + jitter, per-sender
+uplink serialisation, partition groups, down receivers) is shared with the averaging simulator
+too.
 
 Ground truth vs. views: ``up[i]`` says whether member i runs. Every member's table changes are
 observed through ``Membership.on_change``; from them the simulator keeps, incrementally,
@@ -38,34 +41,35 @@ from p2p.gossip.membership import Membership
 from p2p.gossip.messages import ALIVE, DEAD, SUSPECT
 from p2p.gossip.suspicion import suspicion_min_timeout
 from p2p.protocol import RemoteProtocolError
+from p2p.sim.churn import CRASH as CHURN_CRASH, JOIN as CHURN_JOIN, pick
 from p2p.sim.config import SimConfig
 from p2p.sim.invariants import InvariantChecker, InvariantViolation
+from p2p.sim.loop import DELIVER, FIRST_KIND, INF, TICK, EventLoop, Timers
+from p2p.sim.network import Network
 from p2p.sim.wiresize import WireSize
 
-INF = float("inf")
-DELIVER, TICK, START, CRASH, LEAVE, PARTITION, HEAL = range(7)
+START, JOIN, CRASH, LEAVE, PARTITION, HEAL = range(FIRST_KIND, FIRST_KIND + 6)
 
 
 class Simulation:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        self.rng = random.Random(f"{cfg.seed}:sim")
-        n = cfg.peers + cfg.join
+        self.rng = random.Random(f"{cfg.seed}:sim")  # the network's, and the initial start times
+        self.churn_rng = random.Random(f"{cfg.seed}:churn")  # churn times, victims, joiners' seeds
+        n = cfg.peers + cfg.churn.joins
         self.n = n
         self.ids = [f"n{i:05d}" for i in range(n)]
         self.addrs = [f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}:7946" for i in range(n)]
         self.addr_index = {a: i for i, a in enumerate(self.addrs)}
         self.id_index = {x: i for i, x in enumerate(self.ids)}
         self.nodes: list[Optional[Membership]] = [None] * n
-        self.up = [False] * n
+        self.loop = EventLoop()
+        self.timers = Timers(self.loop, n)
+        self.net = Network(self.loop, self.rng, n, cfg.loss, cfg.delay_ms / 1000.0, cfg.jitter_ms / 1000.0,
+                           cfg.bandwidth_bps)
+        self.up = self.net.up  # the network's list: whether member i runs
         self.leaving = [False] * n
         self.crashed = [False] * n
-        self.group = [0] * n
-        self.sched = [INF] * n
-        self.link_free = [0.0] * n
-        self.heap: list[tuple] = []
-        self.seq = 0
-        self.now = 0.0
         self.size = WireSize(self.ids, self.addrs)
         self.checker = InvariantChecker(cfg.seed) if cfg.check_invariants else None
         # ground truth and view tracking
@@ -83,12 +87,9 @@ class Simulation:
         self.partition_started: Optional[float] = None
         self.member_seconds = 0.0
         self._last_change = 0.0
-        # traffic
-        self.msgs = 0
-        self.bytes = 0
-        self.dropped = 0
         self.remote_errors = 0
         self.events = 0
+        self.next_joiner = cfg.peers  # the member the next JOIN starts
 
     # ------------------------------------------------------------------ scenario
 
@@ -100,28 +101,29 @@ class Simulation:
             self._push(0.0, START, 0)
             for i in range(1, cfg.peers):
                 self._push(rng.random() * cfg.join_spread_s, START, i)
-        lo, hi = (f * cfg.duration_s for f in cfg.fault_window)
-        victims = rng.sample(range(cfg.peers), cfg.crash + cfg.leave)
-        for k, i in enumerate(victims):
-            self._push(lo + rng.random() * (hi - lo), CRASH if k < cfg.crash else LEAVE, i)
-        for k in range(cfg.join):
-            self._push(lo + rng.random() * (hi - lo), START, cfg.peers + k)
+        kinds = {CHURN_JOIN: JOIN, CHURN_CRASH: CRASH}
+        for t, kind in cfg.churn.schedule(self.churn_rng, cfg.duration_s):
+            self._push(t, kinds.get(kind, LEAVE), 0)
         if cfg.partition is not None:
             start = cfg.partition_start
             self._push(start, PARTITION, 0)
             self._push(start + cfg.partition_s, HEAL, 0)
 
     def _push(self, t: float, kind: int, a: int, b: int = 0, c: object = None) -> None:
-        heapq.heappush(self.heap, (t, self.seq, kind, a, b, c))
-        self.seq += 1
+        self.loop.push(t, kind, a, b, c)
+
+    @property
+    def now(self) -> float:
+        return self.loop.now
 
     # ------------------------------------------------------------------ main loop
 
     def run(self) -> dict:
         self.schedule()
-        heap, nodes, up, group, sched = self.heap, self.nodes, self.up, self.group, self.sched
-        addrs, end, dispatch = self.addrs, self.cfg.duration_s, self._dispatch
-        pop, push = heapq.heappop, heapq.heappush
+        loop, nodes, at = self.loop, self.nodes, self.timers.at
+        heap, addrs, end, dispatch = loop.heap, self.addrs, self.cfg.duration_s, self._dispatch
+        pop, push, arrives = heapq.heappop, loop.push, self.net.arrives
+        up = self.up
         events = 0
         while heap:
             t, _, kind, a, b, c = pop(heap)
@@ -129,10 +131,9 @@ class Simulation:
                 break
             events += 1
             if kind == DELIVER:
-                if not up[a] or group[a] != group[b]:
-                    self.dropped += 1
+                if not arrives(a, b):
                     continue
-                self.now = t
+                loop.now = t
                 node = nodes[a]
                 try:
                     sends = node.receive(addrs[b], c, t)
@@ -141,19 +142,18 @@ class Simulation:
                     continue
                 if sends:
                     dispatch(a, sends, t)
-                d = node.next_deadline()  # keep one live TICK per member; older ones go stale
-                if d != sched[a]:
-                    if d < t:
-                        d = t
-                    sched[a] = d
+                d = node.next_deadline()  # Timers.arm, inlined: one live TICK per member
+                if d < t:
+                    d = t
+                if d != at[a]:
+                    at[a] = d
                     if d < INF:
-                        push(heap, (d, self.seq, TICK, a, 0, None))
-                        self.seq += 1
+                        push(d, TICK, a)
             elif kind == TICK:
-                if sched[a] != t or not up[a]:
+                if at[a] != t or not up[a]:
                     continue
-                self.now = t
-                sched[a] = INF
+                loop.now = t
+                at[a] = INF
                 node = nodes[a]
                 sends = node.tick(t)
                 if sends:
@@ -162,50 +162,24 @@ class Simulation:
                 if d <= t:
                     raise InvariantViolation(self.cfg.seed, t, f"{self.ids[a]}: tick() left next_deadline() at {d}")
                 if d < INF:
-                    sched[a] = d
-                    push(heap, (d, self.seq, TICK, a, 0, None))
-                    self.seq += 1
+                    at[a] = d
+                    push(d, TICK, a)
             else:
-                self.now = t
+                loop.now = t
                 self._action(kind, a, t)
         self.events = events
-        self.now = end
+        loop.now = end
         self._account(end)
         return self.result()
 
     def _reschedule(self, i: int, t: float) -> None:
-        """Keep exactly one live TICK per member, at its next_deadline(); older ones go stale."""
-        d = self.nodes[i].next_deadline()
-        if d != self.sched[i]:
-            if d < t:
-                d = t
-            self.sched[i] = d
-            if d < INF:
-                heapq.heappush(self.heap, (d, self.seq, TICK, i, 0, None))
-                self.seq += 1
+        self.timers.arm(i, self.nodes[i].next_deadline(), t)
 
     def _dispatch(self, i: int, sends: list, t: float) -> None:
-        cfg, rng, size_of, index, heap = self.cfg, self.rng, self.size, self.addr_index, self.heap
-        loss, base, jitter, bw = cfg.loss, cfg.delay_ms / 1000.0, cfg.jitter_ms / 1000.0, cfg.bandwidth_bps
-        seq, nbytes, dropped = self.seq, 0, 0
+        send, size_of, index = self.net.send, self.size, self.addr_index
         for s in sends:
             msg = s.msg
-            size = size_of(msg)
-            nbytes += size
-            j = index.get(s.to)
-            if j is None or (loss and rng.random() < loss):
-                dropped += 1
-                continue
-            depart = t
-            if bw:
-                depart = max(t, self.link_free[i]) + size * 8.0 / bw
-                self.link_free[i] = depart
-            heapq.heappush(heap, (depart + base + rng.random() * jitter, seq, DELIVER, j, i, msg))
-            seq += 1
-        self.seq = seq
-        self.msgs += len(sends)
-        self.bytes += nbytes
-        self.dropped += dropped
+            send(t, i, index.get(s.to), msg, size_of(msg))
 
     def _action(self, kind: int, i: int, t: float) -> None:
         if kind == START:
@@ -213,8 +187,12 @@ class Simulation:
                 self._warm_start(t)
             else:
                 self._start(i, t)
+        elif kind == JOIN:
+            self.next_joiner += 1
+            self._start(self.next_joiner - 1, t)
         elif kind in (CRASH, LEAVE):
-            if not self.up[i]:
+            i = self.cfg.churn.victim(self.churn_rng, [j for j in range(self.n) if self.up[j]])
+            if i is None:
                 return
             if kind == LEAVE:
                 self.leaving[i] = True
@@ -225,14 +203,10 @@ class Simulation:
             self._account(t)
             self._gone(i, t, "crash" if kind == CRASH else "leave")
         elif kind == PARTITION:
-            live = [i for i in range(self.n) if self.up[i]]
-            self.rng.shuffle(live)
-            cut = max(1, min(len(live) - 1, round(self.cfg.partition * len(live))))
-            for i in live[:cut]:
-                self.group[i] = 1
+            self.net.partition(self.cfg.partition)
             self.partition_started = t
         elif kind == HEAL:
-            self.group[:] = [0] * self.n  # in place: the main loop holds this list
+            self.net.heal()
             self.heal_at = t
             self._check_full(t)
 
@@ -250,8 +224,8 @@ class Simulation:
         elif i < self.cfg.peers:
             seeds = [self.addrs[0]]
         else:
-            live = [j for j in range(self.n) if self.up[j]]
-            seeds = [self.addrs[live[int(self.rng.random() * len(live))]]] if live else []
+            via = pick(self.churn_rng, [j for j in range(self.n) if self.up[j]])
+            seeds = [] if via is None else [self.addrs[via]]
         self._account(t)
         self.up[i] = True
         self.n_up += 1
@@ -331,12 +305,12 @@ class Simulation:
 
     def _hook(self, o: int):
         """The on_change observer for member o: invariants, convergence, detection, false positives."""
-        oid, id_index, checker, sim = self.ids[o], self.id_index, self.checker, self
-        up, alive_known, group, crashed, pending = self.up, self.alive_known, self.group, self.crashed, self.pending
+        oid, id_index, checker, sim, loop = self.ids[o], self.id_index, self.checker, self, self.loop
+        up, alive_known, group, crashed, pending = self.up, self.alive_known, self.net.group, self.crashed, self.pending
 
         def hook(mid: str, os: Optional[int], oi: int, ns: Optional[int], ni: int) -> None:
             if checker is not None:
-                checker.observe(sim.now, oid, mid, os, oi, ns, ni, sim.leaving[o])
+                checker.observe(loop.now, oid, mid, os, oi, ns, ni, sim.leaving[o])
             m = id_index.get(mid)
             if m is None or m == o or not up[o]:
                 return
@@ -348,29 +322,29 @@ class Simulation:
                     target = sim.n_up - 1
                     if k == target:
                         sim.n_full += 1
-                        sim._check_full(sim.now)
+                        sim._check_full(loop.now)
                     elif was and k == target - 1:
                         sim.n_full -= 1
                 if ns == DEAD and os != DEAD and not crashed[m] and group[o] == group[m]:
-                    sim.false_positive.setdefault(m, sim.now)
+                    sim.false_positive.setdefault(m, loop.now)
             elif m in pending:
                 was_up = os is not None and os <= SUSPECT
                 is_up = ns is not None and ns <= SUSPECT
                 if was_up != is_up:
                     pending[m][2] += 1 if was_up else -1
-                    sim._check_gone(m, sim.now)
+                    sim._check_gone(m, loop.now)
 
         return hook
 
     # ------------------------------------------------------------------ results
 
     def result(self) -> dict:
-        cfg = self.cfg
+        cfg, net = self.cfg, self.net
         mc = cfg.membership
         period = mc.probe_interval
         conv = self.converged_at
         det = sorted(self.detections)
-        susp_min = suspicion_min_timeout(mc.suspicion_mult, cfg.peers + cfg.join, period)
+        susp_min = suspicion_min_timeout(mc.suspicion_mult, self.n, period)
         member_s = max(self.member_seconds, 1e-9)
         merge = None
         if self.heal_at is not None and self.merged_at is not None:
@@ -381,9 +355,9 @@ class Simulation:
             "duration_s": cfg.duration_s,
             "loss": cfg.loss,
             "delay_ms": cfg.delay_ms,
-            "crash": cfg.crash,
-            "join": cfg.join,
-            "leave": cfg.leave,
+            "crash": cfg.churn.crashes,
+            "join": cfg.churn.joins,
+            "leave": cfg.churn.leaves,
             "partition": cfg.partition,
             "partition_s": cfg.partition_s if cfg.partition is not None else None,
             "warm_start": cfg.warm_start,
@@ -395,13 +369,14 @@ class Simulation:
             "undetected": sum(1 for r in self.pending.values() if r[0] == "crash"),
             "suspicion_min_timeout_s": _r(susp_min),
             "detection_max_in_suspicion_timeouts": _r(det[-1] / susp_min) if det else None,
-            "leave_propagation_s": _summary(sorted(self.leave_times)) if cfg.leave else None,
+            "leave_propagation_s": _summary(sorted(self.leave_times)) if cfg.churn.leaves else None,
             "false_positives": len(self.false_positive),
             "partition_merge_s": _r(merge),
-            "msgs_per_member_s": _r(self.msgs / member_s),
-            "bytes_per_member_s": _r(self.bytes / member_s),
-            "messages": self.msgs,
-            "dropped": self.dropped,
+            "msgs_per_member_s": _r(net.sent / member_s),
+            "bytes_per_member_s": _r(net.bytes / member_s),
+            "messages": net.sent,
+            "lost": net.lost,
+            "dropped": net.dropped,
             "remote_errors": self.remote_errors,
             "events": self.events,
             "live_members_at_end": self.n_up,
