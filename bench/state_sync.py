@@ -4,11 +4,15 @@ Needs root (network namespaces, tc tbf). Every node is a real ``p2p start`` proc
 namespace; the task is ``tinylm`` (834k parameters: 3.3 MB of float32; with AdamW's two moments
 the state a joiner takes is about 10 MB).
 
-1. ``sync``: three donors train; once they are past ``--warmup`` steps a fourth node joins and
-   takes their state. Its own report (``p2p status``: ``sync.seconds``, from its first query to
-   the last byte, and ``sync.bytes``) against the floor, bytes x 8 / link rate: for the
-   parameters alone (the issue's "model bytes") and for everything moved. With the optimizer
-   state and without (``--no-sync-optimizer``), at each ``--rates``.
+The swarm runs DiLoCo (int4, H=25: the slow-link configuration), so the donors' own traffic is
+one compressed pseudo-gradient every 25 steps and the link is otherwise the joiner's.
+
+1. ``sync``: three donors train; a fourth node joins and takes their state. Its own report
+   (``p2p status``: ``sync.seconds``, from its first query to the last byte, and ``sync.bytes``)
+   against the floor, bytes x 8 / link rate: for the parameters alone (the issue's "model
+   bytes") and for everything moved. With the optimizer state and without
+   (``--no-sync-optimizer``), at each ``--rates``; once with the donors idle (they trained
+   ``--warmup`` steps and linger: the link is the joiner's alone) and once while they train.
 2. ``joiners``: four joiners at once into a four-node swarm: the slowest one's sync time
    against one joiner alone (the same lab, rate and donors).
 3. ``crash``: four peers train to the task's target accuracy with checkpoints every few
@@ -45,9 +49,13 @@ PREFIX, SUBNET, PORT = "p2psync", "10.78.0.0/24", 7000
 PARAMS_BYTES = 834_048 * 4  # tinylm's float32 parameters
 
 
+SLOW_LINK_DILOCO = ["--algorithm", "diloco", "--compression", "int4", "--diloco-inner-steps", "25",
+                    "--diloco-outer-lr", "0.5", "--diloco-outer-momentum", "0.8"]
+
+
 def node_args(extra: list[str]) -> list[str]:
     return ["--task", "tinylm", "--membership", "local", "--log-every", "1", "--eval-every", "2",
-            "--join-timeout", "120", "--linger", "-1", *extra]
+            "--join-timeout", "120", "--linger", "-1", *SLOW_LINK_DILOCO, *extra]
 
 
 def poll_status(addr: str) -> Optional[dict]:
@@ -67,17 +75,23 @@ def wait_for(predicate, timeout_s: float, what: str):
     raise RuntimeError(f"timed out after {timeout_s:g}s waiting for {what}")
 
 
-def sync_run(rate: Optional[str], donors: int, joiners: int, warmup: int, extra: list[str], log_dir: Path) -> list[dict]:
-    """``donors`` train; past ``warmup`` steps, ``joiners`` start at once; their sync reports."""
+def sync_run(rate: Optional[str], donors: int, joiners: int, warmup: int, extra: list[str], log_dir: Path,
+             idle: bool = False) -> list[dict]:
+    """``donors`` train; past ``warmup`` steps (``idle``: once they stopped there and linger),
+    ``joiners`` start at once; their sync reports."""
     with Lab(donors + joiners, rate, prefix=PREFIX, subnet=SUBNET) as lab:
         lab.up()
-        per_peer = [["--shard", f"{i}/{donors}", "--steps", "100000"] for i in range(donors)]
+        # The donors start together (--min-members): none is fresher than another, none syncs.
+        steps = str(warmup if idle else 100000)
+        per_peer = [["--shard", f"{i}/{donors}", "--steps", steps, "--min-members", str(donors)]
+                    for i in range(donors)]
         per_peer += [["--steps", "100000"] + extra] * joiners
         swarm = LabSwarm(lab, log_dir, node_args([]), port=PORT, per_peer_args=per_peer, join="first")
         try:
             for i in range(donors):
                 swarm.start_peer(i, [swarm.addrs[0]] if i else [])
-            wait_for(lambda: all((s := poll_status(swarm.addrs[i])) and s["step"] >= warmup for i in range(donors)),
+            wait_for(lambda: all((s := poll_status(swarm.addrs[i])) and s["step"] >= warmup
+                                 and (not idle or s["phase"] == "lingering") for i in range(donors)),
                      600, f"the donors to pass step {warmup}")
             for j in range(donors, donors + joiners):
                 swarm.start_peer(j, [swarm.addrs[0]])
@@ -92,17 +106,24 @@ def part_sync(rates: list[str], warmup: int, log_root: Path) -> list[dict]:
     rows = []
     for rate in rates:
         bps = parse_rate(rate)
-        for label, extra in (("with optimizer", []), ("parameters only", ["--no-sync-optimizer"])):
-            (r,) = sync_run(rate, 3, 1, warmup, extra, log_root / f"sync-{rate}-{len(extra)}")
-            row = {"rate": rate, "state": label, "bytes": r["bytes"], "seconds": r["seconds"], "donor_step": r["step"]}
-            if bps:
-                row["floor_params_s"] = round(PARAMS_BYTES * 8 / bps, 3)
-                row["floor_moved_s"] = round(r["bytes"] * 8 / bps, 3)
-                row["x_params_floor"] = round(r["seconds"] / row["floor_params_s"], 2)
-                row["x_moved_floor"] = round(r["seconds"] / row["floor_moved_s"], 2)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        for donors_idle in (True, False):
+            for label, extra in (("with optimizer", []), ("without optimizer", ["--no-sync-optimizer"])):
+                rows.append(sync_row(rate, bps, donors_idle, label, extra, warmup, log_root))
     return rows
+
+
+def sync_row(rate: str, bps: Optional[int], idle: bool, label: str, extra: list[str], warmup: int,
+             log_root: Path) -> dict:
+    (r,) = sync_run(rate, 3, 1, warmup, extra, log_root / f"sync-{rate}-{len(extra)}-{idle}", idle=idle)
+    row = {"rate": rate, "donors": "idle" if idle else "training", "state": label, "bytes": r["bytes"],
+           "seconds": r["seconds"], "donor_step": r["step"]}
+    if bps:
+        row["floor_params_s"] = round(PARAMS_BYTES * 8 / bps, 3)
+        row["floor_moved_s"] = round(r["bytes"] * 8 / bps, 3)
+        row["x_params_floor"] = round(r["seconds"] / row["floor_params_s"], 2)
+        row["x_moved_floor"] = round(r["seconds"] / row["floor_moved_s"], 2)
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def part_joiners(rate: str, warmup: int, log_root: Path) -> dict:

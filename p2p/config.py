@@ -63,11 +63,16 @@ class SwarmConfig:
     membership: MembershipConfig = field(default_factory=MembershipConfig.lan)
     transport: TransportConfig = TransportConfig()
     state_sync: bool = True  # a joiner downloads the swarm's state from a live member before its first step
-    sync_optimizer: bool = True  # ... including the donor's optimizer state (Adam's moments: a smooth start)
+    sync_optimizer: bool = True  # ... and asks for the donor's optimizer state too (Adam's moments: a smooth start)
     sync: SyncConfig = SyncConfig()  # how state sync moves the bytes (timeouts, pacing)
     checkpoint_dir: Optional[str] = None  # write checkpoints here, and resume from the newest one
     checkpoint_every_s: float = 60.0  # seconds between checkpoints (and one at a clean stop)
     keep_checkpoints: int = 2  # checkpoint files kept
+
+    def __post_init__(self) -> None:
+        if self.sync.window > self.transport.bulk.max_pending_per_peer:
+            raise ValueError(f"sync.window {self.sync.window} exceeds the {self.transport.bulk.max_pending_per_peer} "
+                             f"large messages the transport queues per peer: chunks would be dropped")
 
     @property
     def topology_name(self) -> str:
@@ -224,7 +229,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("state_sync", "swarm", "state_sync", _flag,
             "Download the swarm's current state from a live member before the first step (--no-state-sync: start from this model)."),
     Setting("sync_optimizer", "swarm", "sync_optimizer", _flag,
-            "State sync also moves the donor's optimizer state (about twice the bytes with Adam)."),
+            "State sync also takes the donor's optimizer state (with Adam: three times the bytes of the model alone)."),
     Setting("sync_timeout", "sync", "timeout_s", lambda v: float(_number(v)),
             "State sync: give up a donor that sends nothing for this many seconds, try the next."),
     Setting("sync_max_mbit", "sync", "max_rate_bps", lambda v: float(_number(v)) * 1e6 / 8,

@@ -73,6 +73,10 @@ def test_a_blob_of_another_model_or_with_nan_is_refused():
     other = torch.nn.Sequential(torch.nn.Linear(4, 9), torch.nn.BatchNorm1d(9), torch.nn.Linear(9, 2))
     with pytest.raises(StateError, match="0.weight"):
         from_bytes(to_bytes(state).tobytes(), other.state_dict(), KEY)
+    state.model["2.bias"] = state.model["2.bias"].double()  # another dtype
+    with pytest.raises(StateError, match="2.bias: torch.float64"):
+        from_bytes(to_bytes(state).tobytes(), m.state_dict(), KEY)
+    state.model["2.bias"] = state.model["2.bias"].float()
     state.model["0.weight"][0, 0] = float("nan")
     with pytest.raises(StateError, match="NaN"):
         from_bytes(to_bytes(state).tobytes(), m.state_dict(), KEY)
@@ -235,3 +239,17 @@ def test_a_malformed_algorithm_state_is_a_value_error(name, bad):
     state = {**algs[0].state_dict(), **bad}
     with pytest.raises(ValueError):
         algs[0].load_state_dict(state, "checkpoint")
+
+
+def test_a_diloco_joiner_takes_the_outer_parameters_as_its_model():
+    ports, algs, options = pair("diloco")
+    exercise(ports, algs)
+    ports[0].x -= 0.3  # inner steps since the last outer step: the donor's model is not theta_start
+    state, model = algs[0].state_for_joiner()
+    assert "theta_start" not in state  # it travels once, as the joiner's model
+    np.testing.assert_array_equal(model, algs[0].outer_parameters)
+    port = ArrayPort(model, "m/6", immediate=True)  # the joiner loaded it
+    joiner = ALGORITHMS["diloco"](CFG, port, random.Random(5), 0.0, options=options)
+    joiner.load_state_dict(through_a_checkpoint(state), "peer")
+    np.testing.assert_array_equal(joiner.outer_parameters, algs[0].outer_parameters)
+    same(joiner.state_dict(), {**algs[0].state_dict()})

@@ -26,9 +26,10 @@ class Donor:
     def describe(self):
         return (self.step, self.key) if self.servable else None
 
-    def capture(self):
+    def capture(self, optimizer):
         self.captures += 1
-        return self.data.copy(), self.step, self.key
+        self.optimizer = optimizer
+        return (self.data if optimizer else self.data[: len(self.data) // 3]).copy(), self.step, self.key
 
 
 class Net:
@@ -82,6 +83,12 @@ def test_a_joiner_finds_the_freshest_member_through_one_address_and_downloads_it
     assert j.outcome.data == fresh.data.tobytes() and j.outcome.crc == zlib.crc32(fresh.data)
     assert fresh.captures == 1 and old.captures == 0  # one capture serves the whole transfer
     assert j.stats["chunks"] == 10 and fresh.donor.served[0]["crc"] == j.outcome.crc
+
+
+def test_a_joiner_that_does_not_want_the_optimizer_state_gets_the_smaller_capture():
+    d = Donor("a:1", step=9)
+    j = Net(joiner(["a:1"], optimizer=False), [d], None).run()
+    assert j.phase == DONE and d.optimizer is False and len(j.outcome.data) == len(d.data) // 3
 
 
 def test_chunks_are_pipelined_within_the_window():
@@ -164,18 +171,18 @@ def test_when_every_donor_fails_the_joiner_asks_again_until_its_deadline():
 def test_a_donor_serves_at_most_max_transfers_and_shares_one_capture():
     config = SyncConfig(chunk_bytes=1000, max_transfers=2, reuse_s=5.0)
     d = Donor("a:1", step=10, config=config)
-    first = [d.donor.receive(f"j{i}:1", SyncChunkRequest(i, 0, 1000), 0.0) for i in range(3)]
+    first = [d.donor.receive(f"j{i}:1", SyncChunkRequest(i, 0, 1000, True), 0.0) for i in range(3)]
     statuses = [sends[0].msg.status for sends in first]
     assert statuses == [0, 0, BUSY] and d.captures == 1 and d.donor.stats["busy"] == 1
     assert d.donor.receive("j9:1", SyncQuery(7), 0.0)[0].msg.busy
     # once the transfers went quiet for timeout_s, the donor serves again and drops the capture
     d.donor.tick(20.0)
-    assert d.donor.receive("j3:1", SyncChunkRequest(3, 0, 1000), 20.0)[0].msg.status == 0 and d.captures == 2
+    assert d.donor.receive("j3:1", SyncChunkRequest(3, 0, 1000, True), 20.0)[0].msg.status == 0 and d.captures == 2
 
 
 def test_a_request_past_the_start_of_an_unknown_transfer_is_refused():
     d = Donor("a:1", step=10)
-    (reply,) = d.donor.receive("j:1", SyncChunkRequest(5, 3000, 1000), 0.0)
+    (reply,) = d.donor.receive("j:1", SyncChunkRequest(5, 3000, 1000, True), 0.0)
     assert reply.msg.status == 2 and d.captures == 0
 
 
@@ -204,9 +211,9 @@ def test_simultaneous_joiners_spread_over_equally_fresh_donors():
     (45, [1, 2, KEY, ["a:1"] * 65, False, 0], []),  # an offer listing too many members
     (45, [1, -5, KEY, [], False, 0], []),  # a negative step
     (45, [1, 5, KEY, [], False, -1], []),  # a negative chunk size
-    (46, [1, -1, 10], []),  # a negative offset
-    (46, [1, 0, 0], []),  # an empty chunk asked for
-    (46, [1, 0, 1 << 30], []),  # a chunk larger than any allowed
+    (46, [1, -1, 10, True], []),  # a negative offset
+    (46, [1, 0, 0, True], []),  # an empty chunk asked for
+    (46, [1, 0, 1 << 30, True], []),  # a chunk larger than any allowed
     (47, [1, 0, 1, 1, KEY, 4, 0, None], [("uint8", [8])]),  # more data than the state is long
     (47, [1, 0, 1, 1, KEY, 4, 0, None], [("float32", [1])]),  # data that is not bytes
     (47, [1, 9, 1, 1, KEY, 4, 0, None], [("uint8", [0])]),  # an unknown status

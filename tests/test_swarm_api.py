@@ -224,3 +224,47 @@ def test_no_join_address_answering_is_a_join_error():
     with pytest.raises(p2p.JoinError, match="no join address answered within 1s"):
         swarm.start()
     assert swarm.phase == "stopped"
+
+
+def test_a_joiner_takes_the_donors_exact_state_in_many_chunks():
+    """State sync over the real transport (chunks large enough for the bulk TCP stream, several
+    of them): the joiner's parameters, optimizer state and step are the donor's (the donor is
+    idle meanwhile: exactly equal)."""
+    from dataclasses import replace
+
+    from p2p.statesync import SyncConfig
+
+    def wide(seed):  # 269k parameters: 3.2 MB of state with AdamW's moments
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            return torch.nn.Sequential(torch.nn.Linear(8, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                       torch.nn.ReLU(), torch.nn.Linear(512, 4))
+
+    donor_model, joiner_model = wide(0), wide(1)
+    with p2p.Swarm(donor_model, listen="127.0.0.1:0", **FAST) as donor:
+        opt = donor.wrap(torch.optim.AdamW(donor_model.parameters(), lr=1e-2))
+        for x, y in batches(7, 30):
+            F.cross_entropy(donor_model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        config = replace(p2p.swarm_config(listen="127.0.0.1:0", join=[donor.address], **FAST),
+                         sync=SyncConfig(chunk_bytes=300_000))
+        joiner = p2p.Swarm(joiner_model, config=config)
+        inner = torch.optim.AdamW(joiner_model.parameters(), lr=1e-2)
+        with joiner:
+            joiner.wrap(inner)  # the optimizer comes after the state: it gets its part now
+            assert joiner.step == donor.step == 30
+            np.testing.assert_array_equal(params(joiner_model), params(donor_model))
+            assert torch.equal(inner.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+            served = donor.status()["served"][-1]
+            assert served["crc"] == joiner.synced.crc and served["bytes"] > 10 * 300_000  # many chunks
+            assert joiner.status()["sync"]["phase"] == "done"
+
+
+def test_a_sync_window_the_transport_cannot_queue_is_refused():
+    from dataclasses import replace
+
+    from p2p.statesync import SyncConfig
+
+    with pytest.raises(ValueError, match="sync.window 3 exceeds"):
+        replace(p2p.swarm_config(), sync=SyncConfig(window=3))

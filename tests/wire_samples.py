@@ -52,7 +52,7 @@ from p2p.statesync.messages import SyncChunk, SyncChunkRequest, SyncOffer, SyncQ
 _BYTES = np.arange(10, dtype=np.uint8)
 SAMPLES += [SyncQuery(nonce=7), SyncOffer(nonce=7, step=120, model_key="synthetic/12", members=("a:1", "b:2"),
                                            busy=False, chunk_bytes=0),
-            SyncChunkRequest(transfer=3, offset=0, length=1 << 20),
+            SyncChunkRequest(transfer=3, offset=0, length=1 << 20, optimizer=True),
             SyncChunk(transfer=3, status=0, snapshot=1, step=120, model_key="synthetic/12", total=10, offset=0,
                       data=_BYTES),
             ModelRequest(), ModelReply(step=120, model_key="synthetic/12", data=_BYTES)]

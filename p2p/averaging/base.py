@@ -73,7 +73,9 @@ class Averager(Protocol):
     hold "/"). ``load_state_dict(state, source)`` takes it back: ``source`` is "checkpoint"
     (this peer's own state) or "peer" (a donor's, for a joiner: it adopts what describes the
     swarm, such as DiLoCo's outer parameters, and keeps what is its own, such as its push-sum
-    weight). A malformed state raises ValueError.
+    weight). A malformed state raises ValueError. Optional ``state_for_joiner()`` returns
+    (the state a donor gives, the model vector a joiner should take instead of the donor's live
+    model); without it a donor gives ``state_dict()`` and its live model.
 
     Which steps need the hooks at all (``AsynchronousHooks.gate_wanted`` /
     ``after_step_wanted``): pure functions of the step number and the algorithm's settings,

@@ -210,12 +210,23 @@ class DiLoCo(AsynchronousHooks):
     def state_dict(self) -> dict:
         return {"theta_start": self._start.copy(), "momentum": self._momentum.copy(), "round": self._rounds.round}
 
+    def state_for_joiner(self) -> tuple[dict, np.ndarray]:
+        """What a joiner takes: the outer momentum and round, and as its model the outer
+        parameters theta_start, not our inner model. It starts its inner steps where the swarm's
+        outer step left everyone (its first Delta then counts its own steps only: with our
+        inner model it would count our inner progress a second time), and a model less travels."""
+        return {"momentum": self._momentum.copy(), "round": self._rounds.round}, self._start.copy()
+
     def load_state_dict(self, state: dict, source: str) -> None:
         """The outer state, from our checkpoint or a donor's (the swarm's outer parameters and
-        momentum: a joiner holding them agrees with the sketches at once, no repair)."""
+        momentum: a joiner holding them agrees with the sketches at once, no repair). A donor's
+        state carries no theta_start: the joiner's model, just loaded, is it."""
         if self._syncing:
             raise ValueError("load_state_dict() during an outer round")
-        start = state_array(state, "theta_start", self.port.numel)
+        if source == "peer" and "theta_start" not in state:
+            start = self.port.snapshot()
+        else:
+            start = state_array(state, "theta_start", self.port.numel)
         momentum = state_array(state, "momentum", self.port.numel)
         self._rounds.resume_at(state_int(state, "round"))
         self._start, self._momentum = start, momentum

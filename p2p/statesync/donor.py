@@ -33,7 +33,7 @@ from p2p.statesync.messages import (BUSY, MAX_MEMBERS, MIN_CHUNK, OK, PACED_CHUN
                                     SyncChunkRequest, SyncConfig, SyncOffer, SyncQuery)
 
 Describe = Callable[[], Optional[tuple[int, str]]]  # -> (step, model key), or None: nothing to give
-Capture = Callable[[], tuple[np.ndarray, int, str]]  # -> (state bytes as uint8, step, model key)
+Capture = Callable[[bool], tuple[np.ndarray, int, str]]  # (with optimizer) -> (state bytes as uint8, step, model key)
 Members = Callable[[], list[str]]
 
 
@@ -44,6 +44,7 @@ class _Capture:
     step: int
     model_key: str
     taken_at: float
+    optimizer: bool  # whether it includes the optimizer's state
     crc: int  # crc32 of the bytes, for status: a joiner reports the same of what it received
 
 
@@ -114,7 +115,7 @@ class StateDonor:
             if self._active(now) >= self.config.max_transfers or self._describe() is None:
                 self.stats["busy"] += 1
                 return [Send(src, SyncChunk(msg.transfer, BUSY, 0, 0, "", 0, 0, _EMPTY))]
-            transfer = self._transfers[key] = _Transfer(self._capture_for(now), now)
+            transfer = self._transfers[key] = _Transfer(self._capture_for(msg.optimizer, now), now)
             self.stats["transfers"] += 1
             c = transfer.capture
             self.served.append({"joiner": src, "step": c.step, "bytes": int(c.data.size), "crc": c.crc})
@@ -128,13 +129,13 @@ class StateDonor:
         self.stats["bytes_sent"] += int(data.size)
         return self._pace(Send(src, chunk), data.size, now)
 
-    def _capture_for(self, now: float) -> _Capture:
-        fresh = [c for c in self._captures if now - c.taken_at <= self.config.reuse_s]
+    def _capture_for(self, optimizer: bool, now: float) -> _Capture:
+        fresh = [c for c in self._captures if now - c.taken_at <= self.config.reuse_s and c.optimizer == optimizer]
         if fresh:
             return fresh[-1]
-        data, step, key = self._capture()
+        data, step, key = self._capture(optimizer)
         data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
-        capture = _Capture(self._next_ident, data, step, key, now, zlib.crc32(data))
+        capture = _Capture(self._next_ident, data, step, key, now, optimizer, zlib.crc32(data))
         self._next_ident += 1
         self._captures.append(capture)
         self.stats["captures"] += 1

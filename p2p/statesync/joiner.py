@@ -69,9 +69,11 @@ class _Transfer:
 
 class StateJoiner:
     def __init__(self, config: SyncConfig, seeds: Sequence[str], own_step: int, model_key: str, max_bytes: int,
-                 rng: random.Random, now: float, deadline: float, exclude: Sequence[str] = ()) -> None:
+                 rng: random.Random, now: float, deadline: float, exclude: Sequence[str] = (),
+                 optimizer: bool = True) -> None:
         self.config = config
         self.own_step, self.model_key, self.max_bytes = own_step, model_key, max_bytes
+        self.optimizer = optimizer  # ask for the donor's optimizer state too
         self.rng = rng
         self.nonce = rng.getrandbits(62)
         self.deadline = deadline  # give up (FAILED) when nothing could be synced by then
@@ -190,7 +192,7 @@ class StateJoiner:
         sends = []
         limit = t.total if t.total >= 0 else 1  # before the first chunk (the size is unknown) ask for one
         while len(t.requested) < self.config.window and t.next_offset < limit:
-            sends.append(Send(t.donor, SyncChunkRequest(t.ident, t.next_offset, size)))
+            sends.append(Send(t.donor, SyncChunkRequest(t.ident, t.next_offset, size, self.optimizer)))
             t.requested.add(t.next_offset)
             t.next_offset += size
         return sends

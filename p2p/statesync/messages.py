@@ -4,7 +4,8 @@
 |-----|------------------|----------------|-----------------------------------------------------------|
 | 44  | SyncQuery        | joiner -> any  | "what state do you hold, and who else is there?"           |
 | 45  | SyncOffer        | any -> joiner  | step and model key of its state (-1: none), live members   |
-| 46  | SyncChunkRequest | joiner -> donor| bytes [offset, offset + length) of transfer ``transfer``    |
+| 46  | SyncChunkRequest | joiner -> donor| bytes [offset, offset + length) of transfer ``transfer``; the
+|     |                  |                | first request also says whether to include the optimizer    |
 | 47  | SyncChunk        | donor -> joiner| those bytes of one captured state (``snapshot``), or a refusal |
 
 A transfer is bound to one captured state on its first request, so every chunk of it comes from
@@ -34,7 +35,9 @@ class SyncConfig:
     """How state sync behaves, on both sides."""
 
     chunk_bytes: int = 1 << 20  # a joiner asks for this much per request
-    window: int = 4  # requests in flight per transfer (keeps a long link busy)
+    # Requests in flight per transfer: 2 keeps the link busy (the next is asked for when one
+    # arrives) and is what the transport queues per peer before it drops (BulkConfig.max_pending_per_peer).
+    window: int = 2
     timeout_s: float = 10.0  # a donor that sends nothing for this long is given up for the next one
     query_timeout_s: float = 2.0  # wait this long for offers before choosing a donor
     max_candidates: int = 16  # members asked for an offer
@@ -85,6 +88,7 @@ class SyncChunkRequest:
     transfer: int  # the joiner's id for this transfer (fresh per donor tried)
     offset: int
     length: int
+    optimizer: bool  # include the optimizer's state (read on a transfer's first request)
 
     def __post_init__(self) -> None:
         if self.offset < 0 or not 0 < self.length <= MAX_CHUNK:

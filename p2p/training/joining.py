@@ -61,7 +61,7 @@ def sync_state(driver: NetworkDriver, peer: Peer, config: SwarmConfig, model: to
     excluded: set[str] = set()
     for _ in range(ATTEMPTS):
         joiner = StateJoiner(config.sync, config.join, own_step, model_key, max_bytes, rng, time.monotonic(),
-                             deadline, exclude=excluded)
+                             deadline, exclude=excluded, optimizer=config.sync_optimizer)
         watch(joiner)
         driver.act(lambda now: peer.begin_sync(joiner, now))
         while not _call(driver, lambda: joiner.finished):

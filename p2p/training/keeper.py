@@ -17,6 +17,7 @@ import logging
 import time
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from p2p.training.checkpoints import CheckpointStore
@@ -61,11 +62,13 @@ class StateKeeper:
                              cpu_copy(self.optimizer.state_dict()) if self.optimizer is not None else None,
                              algorithm_state, {k: cpu_copy(o.state_dict()) for k, o in self.registered.items()}, info)
 
-    def capture_for_peer(self, step: int, algorithm: str, algorithm_state: dict, with_optimizer: bool) -> TrainingState:
+    def capture_for_peer(self, step: int, algorithm: str, algorithm_state: dict, with_optimizer: bool,
+                         model_values: Optional[np.ndarray] = None) -> TrainingState:
         """A joiner's state (network thread): parameters with the deltas queued for the next
-        step included, and the optimizer as of the same step (both under the parameter lock)."""
+        step included (or ``model_values``, what the algorithm says a joiner should take), and
+        the optimizer as of the same step (both under the parameter lock)."""
         with self.flat.lock:  # re-entrant: snapshot() takes it too
-            values = self.flat.snapshot()
+            values = self.flat.snapshot() if model_values is None else model_values
             model = cpu_copy(self.model.state_dict())
             optimizer = cpu_copy(self.optimizer.state_dict()) if with_optimizer and self.optimizer is not None else None
         model.update(self.flat.named_values(values, self.model))

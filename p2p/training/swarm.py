@@ -426,9 +426,12 @@ class Swarm:
     def _describe_state(self) -> Optional[tuple[int, str]]:
         return (self._step, self.model_key) if self._servable else None
 
-    def _capture_for_peer(self) -> tuple[Any, int, str]:
-        state = self._keeper.capture_for_peer(self._step, self.config.algorithm, self.peer.averager.state_dict(),
-                                              self.config.sync_optimizer)
+    def _capture_for_peer(self, with_optimizer: bool) -> tuple[Any, int, str]:
+        averager = self.peer.averager
+        for_joiner = getattr(averager, "state_for_joiner", None)
+        algorithm_state, values = for_joiner() if for_joiner is not None else (averager.state_dict(), None)
+        state = self._keeper.capture_for_peer(self._step, self.config.algorithm, algorithm_state, with_optimizer,
+                                              values)
         return to_bytes(state), state.step, state.model_key
 
     def _model_reply(self) -> ModelReply:
