@@ -133,10 +133,9 @@ def _flag(value: Any) -> bool:
 
 
 def _linger(value: Any) -> Optional[float]:
-    if value is None:
-        return None
+    """Seconds; a negative number (the CLI's -1) means until stopped (None in SwarmConfig)."""
     value = _number(value, low=-math.inf)
-    return None if value < 0 else float(value)  # negative: until stopped (the CLI's -1)
+    return None if value < 0 else float(value)
 
 
 def _membership(value: Any) -> MembershipConfig:
@@ -246,7 +245,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
 
 
 def swarm_config(**settings: Any) -> SwarmConfig:
-    """Check ``settings`` (names from ``SETTINGS``; a None value means "not set") and build a
+    """Check ``settings`` (names from ``SETTINGS``; a None value means "not set", so the
+    default holds: ``linger=-1`` is how to say "until stopped") and build a
     ``SwarmConfig``. Raises ``SettingError`` naming the first setting that cannot be used."""
     given = {k: v for k, v in settings.items() if v is not None}
     for name in given:
@@ -275,8 +275,6 @@ def swarm_config(**settings: Any) -> SwarmConfig:
             own[s.field] = value
         else:
             raise SettingError(name, f"is a setting of algorithm {s.where}, not of {algorithm}")
-    if "linger" in given:  # None is a value here: "until stopped"
-        swarm["linger_s"] = checked["linger"]
     averaging.setdefault("round_timeout_s", default_round_timeout_s(algorithm, SHARED_ROUND_TIMEOUT_S))
     averaging.setdefault("max_interval_s", max(AveragingConfig.max_interval_s, averaging.get("interval_s", 0.0)))
     averaging_config = _build("averaging", AveragingConfig, averaging)

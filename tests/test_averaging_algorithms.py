@@ -518,3 +518,16 @@ def test_every_algorithm_estimates_how_far_its_partners_are(name):
             break
     assert a.disagreement.value is not None and b.disagreement.value is not None, name
     assert 0 < a.disagreement.value < 5, (name, a.disagreement.value)  # 2 apart at norm 2..6: ~0.3..1
+
+
+def test_diloco_skips_a_boundary_reached_while_its_last_round_is_in_flight():
+    """A trainer released by the gate's safety net (or stepping after training_done) can reach
+    the next boundary before the round ends: that boundary is skipped and counted, not an error
+    that would stop the network thread; its steps go into the next boundary's Delta."""
+    pa, a = make(DiLoCo, [1, 1, 1, 1], CFG, options=DiLoCoConfig(inner_steps=2))
+    assert len(a.after_step(2, 0.0, ["b"])) == 1 and a.busy()  # round 0 waits for b
+    pa.x -= 0.5
+    assert a.after_step(4, 0.1, ["b"]) == [] and a.stats["boundaries_skipped"] == 1
+    assert a.may_step(5, 1.5) and not a.busy()  # the round times out alone: its own Delta
+    sent = a.after_step(6, 1.6, ["b"])
+    np.testing.assert_allclose(sent[0].msg.delta, a.outer_parameters - pa.x)  # includes the skipped steps

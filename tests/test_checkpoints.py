@@ -253,3 +253,62 @@ def test_a_diloco_joiner_takes_the_outer_parameters_as_its_model():
     joiner.load_state_dict(through_a_checkpoint(state), "peer")
     np.testing.assert_array_equal(joiner.outer_parameters, algs[0].outer_parameters)
     same(joiner.state_dict(), {**algs[0].state_dict()})
+
+
+def craft(meta, tensors):
+    """A blob whose metadata says what we like (what a hostile donor could send)."""
+    import json
+
+    from safetensors.torch import save
+
+    return save(tensors, metadata={"p2p": json.dumps(meta)})
+
+
+@pytest.mark.parametrize("bad", [
+    lambda meta: [1, 2],  # metadata that is no object
+    lambda meta: {**meta, "algorithm_values": [1]},
+    lambda meta: {**meta, "algorithm_values": {"round": {"nested": 1}}},
+    lambda meta: {**meta, "optimizer_groups": [{**meta["optimizer_groups"][0], "lr": float("nan")}]},
+    lambda meta: {**meta, "optimizer_groups": "x"},
+    lambda meta: {**meta, "extra_values": {"scheduler": [1]}},
+    lambda meta: {**meta, "step": -3},
+])
+def test_a_donors_garbled_metadata_is_a_state_error_not_a_crash(bad):
+    import json
+
+    m, state = trained_state()
+    blob = to_bytes(state).tobytes()
+    n = int.from_bytes(blob[:8], "little")
+    meta = json.loads(json.loads(blob[8:8 + n])["__metadata__"]["p2p"])
+    from safetensors.torch import load
+
+    with pytest.raises(StateError):
+        from_bytes(craft(bad(meta), load(blob)), m.state_dict(), KEY)
+
+
+def test_an_optimizer_state_of_other_shapes_is_refused_before_it_reaches_the_optimizer():
+    from p2p.training.state import check_optimizer
+
+    m, state = trained_state()
+    state.optimizer["state"][0]["exp_avg"] = torch.zeros(3)
+    back = from_bytes(to_bytes(state).tobytes(), m.state_dict(), KEY)
+    with pytest.raises(StateError, match="exp_avg of parameter 0"):
+        check_optimizer(back.optimizer, torch.optim.Adam(model().parameters()))
+    _, good = trained_state()
+    check_optimizer(from_bytes(to_bytes(good).tobytes(), m.state_dict(), KEY).optimizer,
+                    torch.optim.Adam(model().parameters()))
+
+
+def test_registered_objects_travel_with_the_state():
+    m, state = trained_state()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 3)
+    for _ in range(5):
+        opt.step()
+        sched.step()
+    state.extra = {"scheduler": sched.state_dict(), "scaler": torch.amp.GradScaler("cpu").state_dict()}
+    back = from_bytes(to_bytes(state).tobytes(), m.state_dict(), KEY)
+    fresh = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(model().parameters(), lr=0.1), 3)
+    fresh.load_state_dict(back.extra["scheduler"])
+    assert fresh.last_epoch == 5 and fresh.get_last_lr() == sched.get_last_lr()
+    assert back.extra["scaler"]["scale"] == state.extra["scaler"]["scale"]

@@ -79,14 +79,22 @@ def test_frozen_integer_parameters_are_left_alone_and_a_frozen_model_is_refused(
         FlatParams(torch.nn.Linear(2, 2).requires_grad_(False))
 
 
-def test_load_overwrites_the_parameters_and_drops_stale_deltas():
-    flat = FlatParams(model())
-    flat.add_delta(np.ones(flat.numel, dtype=np.float32))
-    flat.load(np.arange(flat.numel, dtype=np.float32))
-    assert flat.apply_pending() == 0
-    np.testing.assert_array_equal(flat.snapshot(), np.arange(flat.numel, dtype=np.float32))
-    with pytest.raises(ValueError):
-        flat.load(np.zeros(3, dtype=np.float32))
+def test_named_values_give_every_name_of_a_tied_weight():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(5, 3)
+            self.out = torch.nn.Linear(3, 5, bias=False)
+            self.out.weight = self.emb.weight  # one tensor, two names in the state_dict
+
+    m = Tied()
+    flat = FlatParams(m)
+    values = np.arange(flat.numel, dtype=np.float32)
+    named = flat.named_values(values, m)
+    assert set(named) == set(m.state_dict()) == {"emb.weight", "out.weight"}
+    assert torch.equal(named["emb.weight"], named["out.weight"])
+    m.load_state_dict(named)
+    np.testing.assert_array_equal(flat.snapshot(), values)
 
 
 def test_snapshot_includes_queued_deltas_so_concurrent_mixes_stay_convex():

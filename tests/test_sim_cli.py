@@ -50,6 +50,8 @@ def test_human_output_is_a_short_table():
     (("--partition", "0"), "partition"),
     (("--crash", "5", "--peers", "5"), "crash"),
     (("--membership", "moon"), "--membership"),
+    (("--algorithm", "dpsgd", "--duration-s", "30"), "--duration-s: membership simulation only"),
+    (("--algorithm", "dpsgd", "--partition", "0.5"), "--partition: membership simulation only"),
 ])
 def test_bad_options_exit_non_zero_with_one_clear_line(args, words):
     res = invoke(*args)

@@ -50,11 +50,14 @@ class Net:
             _, msg = decode([bytes(f) for f in encode(send.msg, src)])
             if isinstance(msg, SyncChunk) and self.tamper:
                 msg = self.tamper(msg)
+                if msg is None:
+                    continue  # lost
             if send.to == "joiner":
-                out = self.joiner.receive(src, msg, self.now)
+                out, sender = self.joiner.receive(src, msg, self.now), "joiner"
             else:
-                out = self.donors[send.to].donor.receive(src, msg, self.now)
-            queue += [(send.to, s) for s in out]
+                donor = self.donors[send.to]
+                out, sender = donor.donor.receive(src, msg, self.now), donor.addr  # it signs as itself
+            queue += [(sender, s) for s in out]
 
     def run(self, until=60.0, step=0.1):
         self.deliver("joiner", self.joiner.start(self.now))
@@ -98,6 +101,14 @@ def test_chunks_are_pipelined_within_the_window():
     requests = [m for m in net.sent if isinstance(m, SyncChunkRequest)]
     assert [r.offset for r in requests] == list(range(0, 8000, 1000))
     assert net.joiner.outcome.data == d.data.tobytes()
+
+
+def test_a_member_that_answers_under_another_name_than_the_one_we_asked_is_a_donor():
+    d = Donor("127.0.0.1:7000", step=50)
+    net = Net(joiner(["localhost:7000"]), [d], None)
+    net.donors["localhost:7000"] = d  # the name we dial reaches it; it answers as its advertised self
+    j = net.run()
+    assert j.phase == DONE and j.outcome.donor == "127.0.0.1:7000" and j.outcome.step == 50
 
 
 def test_nothing_fresher_means_keep_our_own():
@@ -199,12 +210,21 @@ def test_pacing_keeps_a_donor_under_its_rate_in_chunks_that_each_arrive_quickly(
 def test_simultaneous_joiners_spread_over_equally_fresh_donors():
     donors = [Donor(f"d{i}:1", step=1000 - i) for i in range(4)]  # within step_slack of each other
     chosen = []
-    for seed in range(8):  # 8 joiners at once (the clock does not move), 2 transfers per donor
+    for seed in range(8):  # 8 joiners at once: their transfers are all still going (chunks in flight)
         net = Net(joiner([d.addr for d in donors], seed=seed), donors, None)
+        net.tamper = lambda msg: None  # the chunks are on their way: none has arrived yet
         net.deliver("joiner", net.joiner.start(0.0))
-        assert net.joiner.phase == DONE
-        chosen.append(net.joiner.outcome.donor)
+        assert net.joiner.phase == TRANSFERRING
+        chosen.append(net.joiner.progress()["donor"])
+    # rendezvous hashing spreads them, and busy donors (2 transfers each) come last
     assert sorted(chosen.count(d.addr) for d in donors) == [2, 2, 2, 2]
+
+
+def test_a_donor_frees_a_transfer_slot_when_it_served_the_last_byte():
+    d = Donor("a:1", step=10, size=3000, config=SyncConfig(chunk_bytes=1000, max_transfers=1))
+    for offset in (0, 1000, 2000):
+        assert d.donor.receive("j:1", SyncChunkRequest(1, offset, 1000, True), 0.0)[0].msg.status == 0
+    assert d.donor.receive("k:1", SyncChunkRequest(2, 0, 1000, True), 0.1)[0].msg.status == 0  # not BUSY
 
 
 @pytest.mark.parametrize("tag, values, tensors", [

@@ -198,7 +198,12 @@ class Disagreement:
 
     def observe(self, difference: np.ndarray, mine: np.ndarray) -> None:
         """``difference`` = x_j - x_i for one partner, ``mine`` = x_i."""
-        rel = float(np.linalg.norm(difference)) / max(float(np.linalg.norm(mine)), 1e-30)
+        self.observe_norms(float(np.linalg.norm(difference)), float(np.linalg.norm(mine)))
+
+    def observe_norms(self, difference: float, mine: float) -> None:
+        """The same from ``||x_j - x_i||`` and ``||x_i||`` (a caller that has them, or computes
+        ``||x_i||`` once for several partners)."""
+        rel = difference / max(mine, 1e-30)
         self.value = rel if self.value is None else (1 - self.alpha) * self.value + self.alpha * rel
 
 

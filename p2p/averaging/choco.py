@@ -186,29 +186,18 @@ class ChocoGossip(AsynchronousHooks):
         return False  # nothing waits for a reply
 
     def state_dict(self) -> dict:
-        state: dict = {"hat": self.hat.copy(), "seq": self.seq}
-        for addr, c in self._copies.items():
-            state.update({f"copy/{addr}/hat": c.hat.copy(), f"copy/{addr}/stream": c.stream,
-                          f"copy/{addr}/seq": c.seq, f"copy/{addr}/degree": c.degree})
-        return state
+        return {"hat": self.hat.copy(), "seq": self.seq}
 
-    def load_state_dict(self, state: dict, source: str, now: float = 0.0) -> None:
-        """From a checkpoint: our public copy and our copies of the neighbours'. Our stream id
-        stays the fresh one drawn at construction, so neighbours holding an older copy of
-        ours (we may have published after the checkpoint) reset it instead of applying deltas
-        to the wrong base. A donor's state is not ours: a joiner starts its copies afresh."""
+    def load_state_dict(self, state: dict, source: str) -> None:
+        """From a checkpoint: our public copy x̂_i and its seq. Our stream id stays the fresh
+        one drawn at construction, so a neighbour holding an older copy of ours (we may have
+        published after the checkpoint) resets it (ChocoReset) instead of applying deltas to the
+        wrong base. Copies of the neighbours' are not kept: after a restart they are stale, and
+        the neighbours' resets rebuild them. A donor's state is not ours: a joiner starts afresh."""
         if source != "checkpoint":
             return
-        hat = state_array(state, "hat", self.port.numel)
-        seq = state_int(state, "seq")
-        copies = {}
-        for key in state:
-            if key.startswith("copy/") and key.endswith("/hat"):
-                addr = key[len("copy/"):-len("/hat")]
-                copies[addr] = _Copy(state_int(state, f"copy/{addr}/stream"), state_int(state, f"copy/{addr}/seq", 1),
-                                     state_array(state, key, self.port.numel),
-                                     state_int(state, f"copy/{addr}/degree", 1), now)
-        self.hat, self.seq, self._copies, self._synced = hat, seq, copies, set()
+        self.hat, self.seq = state_array(state, "hat", self.port.numel), state_int(state, "seq")
+        self._synced = set()
 
     def next_deadline(self) -> float:
         return self._next
@@ -265,7 +254,8 @@ class ChocoGossip(AsynchronousHooks):
             acc += np.float32(w) * copy.hat
             total += w
         acc -= np.float32(total) * self.hat
-        self.disagreement.observe(acc / np.float32(total), self.hat)  # the copies' weighted mean vs ours
+        # the copies' weighted mean vs ours, without a temporary: ||acc|| / total
+        self.disagreement.observe_norms(float(np.linalg.norm(acc)) / total, float(np.linalg.norm(self.hat)))
         acc *= np.float32(self.gamma)
         self.port.add_delta(acc)
 

@@ -176,7 +176,7 @@ class DiLoCo(AsynchronousHooks):
         self.options = options or DiLoCoConfig()
         self.port = port
         self._compressor = None if config.compression == "none" else compressor_from_config(config)
-        self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0}
+        self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0}
         # How far the outer parameters (the swarm's model) are apart: from the sketches, and from
         # theta_start itself in the rounds that carry it.
         self.disagreement = Disagreement()
@@ -214,7 +214,9 @@ class DiLoCo(AsynchronousHooks):
         """What a joiner takes: the outer momentum and round, and as its model the outer
         parameters theta_start, not our inner model. It starts its inner steps where the swarm's
         outer step left everyone (its first Delta then counts its own steps only: with our
-        inner model it would count our inner progress a second time), and a model less travels."""
+        inner model it would count our inner progress a second time), and a model less travels.
+        It takes our step count too, so its boundaries fall with the swarm's (its first inner
+        period is the rest of ours: shorter)."""
         return {"momentum": self._momentum.copy(), "round": self._rounds.round}, self._start.copy()
 
     def load_state_dict(self, state: dict, source: str) -> None:
@@ -346,9 +348,13 @@ class DiLoCo(AsynchronousHooks):
         return not self._syncing
 
     def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
-        if self._syncing:
-            raise LocalProtocolError("after_step() before may_step() turned True")
         if step % self.options.inner_steps:
+            return []
+        if self._syncing:
+            # The previous round is still in flight (the trainer went past a gate the safety
+            # net released, or it steps after training_done): skip this boundary. Nothing is
+            # lost: the next boundary's Delta = theta_start - x covers these steps too.
+            self.stats["boundaries_skipped"] += 1
             return []
         self._set_payload(self._start, self._start - self.port.snapshot(), self._momentum)
         self._syncing = True

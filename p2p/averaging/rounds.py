@@ -214,13 +214,15 @@ class NeighbourRounds:
         total = sum(weights)
         if total > cap:
             weights = [w * cap / total for w in weights]
+        watch = self.disagreement is not None and box and self.model_index < len(own)
+        mine_norm = float(np.linalg.norm(own[self.model_index])) if watch else 0.0  # once per round
         for w, entry in zip(weights, box.values()):
             for k, (mine, theirs) in enumerate(zip(own, entry.payload)):
                 if theirs is not None:  # None: the sender left this vector out, "same as mine"
                     difference = theirs - mine
                     acc[k] += np.float32(w) * difference
-                    if k == self.model_index and self.disagreement is not None:
-                        self.disagreement.observe(difference, mine)
+                    if watch and k == self.model_index:
+                        self.disagreement.observe_norms(float(np.linalg.norm(difference)), mine_norm)
         mixed = tuple(mine + delta for mine, delta in zip(own, acc))
         self._count("exchanges_completed")
         if len(box) < self._expected:

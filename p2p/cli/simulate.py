@@ -48,6 +48,12 @@ def simulate(
     """Simulate SWIM/Lifeguard membership (convergence, failure detection, partitions), or with
     --algorithm an averaging algorithm over a topology (consensus distance, optimality gap)."""
     if algorithm is not None:
+        membership_only = {"--partition": partition is not None, "--partition-s": partition_s != 60.0,
+                           "--delay-ms": delay_ms != 5.0, "--duration-s": duration_s != 60.0,
+                           "--membership": preset != "lan", "--warm-start": warm_start}
+        given = [flag for flag, set_ in membership_only.items() if set_]
+        if given:
+            _fail(f"{', '.join(given)}: membership simulation only; with --algorithm the run lasts --steps")
         _simulate_averaging(algorithm, topology, peers, steps, seed, loss, crash, join, leave, as_json)
         return
     if preset not in PRESETS:

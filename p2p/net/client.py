@@ -6,6 +6,7 @@ import zmq
 
 from p2p.net.addresses import to_endpoint
 from p2p.net.control import ModelReply, ModelRequest, StateReply, StateRequest, StatusReply, StatusRequest
+from p2p.protocol import RemoteProtocolError
 from p2p.wire import decode, encode
 
 
@@ -23,7 +24,10 @@ def query(addr: str, request: object, timeout_s: float = 2.0) -> object:
         sock.send_multipart(encode(request, "client"), copy=False)
         if not sock.poll(int(timeout_s * 1000)):
             raise QueryError(f"no answer from {addr} within {timeout_s:g}s (is a node running there?)")
-        _, reply = decode(sock.recv_multipart(copy=False))
+        try:
+            _, reply = decode(sock.recv_multipart(copy=False))
+        except RemoteProtocolError as exc:
+            raise QueryError(f"{addr} answered something unreadable ({exc})") from None
         return reply
     finally:
         sock.close(linger=0)

@@ -53,5 +53,3 @@ class ModelReply:
     model_key: str
     data: np.ndarray  # uint8: a safetensors blob of the model's state_dict (p2p/training/state.py)
 
-
-CONTROL_REQUESTS = (StatusRequest, StateRequest, ModelRequest)

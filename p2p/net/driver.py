@@ -16,6 +16,7 @@ import threading
 import time
 from collections import Counter, deque
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import zmq
@@ -35,6 +36,11 @@ T = TypeVar("T")
 
 class DriverStopped(RuntimeError):
     """``call`` after the network thread ended."""
+
+
+class DriverBusy(RuntimeError):
+    """``call`` timed out: the network thread is busy (a long capture, a flood); the call still
+    runs later, its result is dropped."""
 
 
 class NetworkDriver:
@@ -98,7 +104,10 @@ class NetworkDriver:
         self._wake()
         if self.finished.is_set():  # it ended between the check and the append: nobody will run it
             self._run_calls()
-        return future.result(timeout_s)
+        try:
+            return future.result(timeout_s)
+        except FutureTimeout:
+            raise DriverBusy(f"the network thread did not answer within {timeout_s:g}s") from None
 
     def _wake(self) -> None:
         with self._wake_lock:
@@ -110,10 +119,12 @@ class NetworkDriver:
                 pass
 
     def _run_calls(self) -> None:
-        try:
-            os.read(self._wake_read, 4096)
-        except BlockingIOError:
-            pass
+        with self._wake_lock:  # stop() may be closing the pipe (its fd number could be reused)
+            if self._wake_write >= 0:
+                try:
+                    os.read(self._wake_read, 4096)
+                except BlockingIOError:
+                    pass
         while self._calls:
             fn, future = self._calls.popleft()
             if self.finished.is_set():
@@ -133,6 +144,8 @@ class NetworkDriver:
             self.error = exc
         finally:
             self.finished.set()
+            if self.hooks is not None:
+                self.hooks.release()  # a trainer waiting at a gate goes on (and sees the error) now
             self._run_calls()  # anyone still waiting gets DriverStopped
 
     def _loop(self) -> None:

@@ -11,6 +11,8 @@ p2p/training/step_hooks.py and ``Swarm.finish``) as a state machine:
     READY      -- may_step(k+1)? -- apply queued deltas, compute grad f_i(x) ----> COMPUTING
     COMPUTING  -- after compute_s: wants_gradient? on_gradient(k+1) ------------> GRAD_WAIT
     GRAD_WAIT  -- gradient_ready(k+1)? optimizer step x -= lr_k g; after_step(k+1) -> READY
+    (as StepHooks does, may_step is asked only where gate_wanted and after_step only where
+    after_step_wanted: the simulator runs what the real trainer runs)
     READY, k = steps -- may_step(steps+1)? (the round in flight finished) ----------> IDLE,
                calling the averager's optional ``training_done(k, now)`` on the way
     IDLE       no more steps; queued deltas keep landing (the real trainer's linger phase)
@@ -80,7 +82,8 @@ class SimNode:
                 self.phase = READY
             elif phase == READY:
                 k = port.step
-                if not avg.may_step(k + 1, now):
+                # as the real trainer: the gate is asked only on steps the algorithm says it may close
+                if avg.gate_wanted(k + 1) and not avg.may_step(k + 1, now):
                     return sends, None
                 port.apply_pending()
                 if k >= self.target:
@@ -123,4 +126,7 @@ class SimNode:
         port.grad = None
         self.grad = None
         self.phase = READY
-        return self.peer.averager.after_step(port.step, now, self.peer.neighbours())
+        avg = self.peer.averager
+        if not avg.after_step_wanted(port.step):  # as the real trainer: skipped steps cost nothing
+            return []
+        return avg.after_step(port.step, now, self.peer.neighbours())

@@ -88,8 +88,10 @@ class Network:
 
     def partition(self, fraction: float) -> list[int]:
         """Cut a random ``fraction`` of the running members (at least one, never all) off into
-        group 1; returns them."""
+        group 1; returns them (none when fewer than two run: there is nothing to cut apart)."""
         live = [i for i, u in enumerate(self.up) if u]
+        if len(live) < 2:
+            return []
         self.rng.shuffle(live)
         cut = live[:max(1, min(len(live) - 1, round(fraction * len(live))))]
         for i in cut:

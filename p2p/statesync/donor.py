@@ -124,6 +124,8 @@ class StateDonor:
         c = transfer.capture
         offset = min(msg.offset, c.data.size)
         data = c.data[offset:offset + msg.length]  # a view: no copy until the wire
+        if offset + data.size >= c.data.size:
+            del self._transfers[key]  # the last chunk: its slot is free for the next joiner
         chunk = SyncChunk(msg.transfer, OK, c.ident, c.step, c.model_key, int(c.data.size), offset, data)
         self.stats["chunks_sent"] += 1
         self.stats["bytes_sent"] += int(data.size)

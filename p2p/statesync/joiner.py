@@ -83,6 +83,7 @@ class StateJoiner:
         self._seeds = list(dict.fromkeys(seeds))
         self._asked: set[str] = set()
         self._answered: set[str] = set()
+        self._queries = 0  # SyncQuery sent in this round of asking
         self._offers: dict[str, _Offer] = {}
         self._failed: set[str] = set()  # donors given up on in this run (asked again after a re-query)
         self._excluded = frozenset(exclude)  # never donors (their state did not fit before)
@@ -104,8 +105,12 @@ class StateJoiner:
         if self.phase == QUERYING:
             return min(self._query_until, self._reask_at)
         if self.phase == TRANSFERRING:
-            return self._transfer.last_progress + self.config.timeout_s
+            return self._transfer.last_progress + self._patience()
         return math.inf
+
+    def _patience(self) -> float:
+        """How long the current donor may stay silent: longer before its first chunk (capture)."""
+        return self.config.timeout_s if self._transfer.total >= 0 else self.config.first_chunk_s
 
     def tick(self, now: float) -> list[Send]:
         if self.phase == QUERYING and now >= self._reask_at:
@@ -113,8 +118,8 @@ class StateJoiner:
             return self._ask(self._seeds)
         if self.phase == QUERYING and now >= self._query_until:
             return self._choose(now)
-        if self.phase == TRANSFERRING and now >= self._transfer.last_progress + self.config.timeout_s:
-            return self._drop(f"{self._transfer.donor} sent nothing for {self.config.timeout_s:g}s", now)
+        if self.phase == TRANSFERRING and now >= self._transfer.last_progress + self._patience():
+            return self._drop(f"{self._transfer.donor} sent nothing for {self._patience():g}s", now)
         return []
 
     def receive(self, src: str, msg: object, now: float) -> list[Send]:
@@ -136,11 +141,15 @@ class StateJoiner:
         room = self.config.max_candidates - len(self._asked)
         fresh = [a for a in addrs if a not in self._asked][:max(0, room)]
         self._asked.update(fresh)
+        self._queries += len(fresh)
         return [Send(a, SyncQuery(self.nonce)) for a in fresh]
 
     def _on_offer(self, src: str, msg: SyncOffer, now: float) -> list[Send]:
-        if msg.nonce != self.nonce or src not in self._asked or src in self._answered:
-            return []  # not an answer to us (or a repeated one)
+        # Matched by the nonce, not the address: a member may answer under another name than
+        # the one we asked (a hostname, another interface, a wildcard listener's routed address).
+        if msg.nonce != self.nonce or src in self._answered or len(self._answered) >= self.config.max_candidates:
+            return []  # not an answer to us, a repeated one, or one too many
+        self._asked.add(src)  # whatever we called it, we need not ask it again
         self.stats["offers"] += 1
         if msg.model_key == self.model_key and msg.step > self.own_step:
             self._offers[src] = _Offer(msg.step, msg.busy, msg.chunk_bytes)
@@ -148,8 +157,8 @@ class StateJoiner:
             self.stats["rejected"] += 1  # another model: never a donor
         self._answered.add(src)
         sends = self._ask(msg.members) if self.phase == QUERYING else []
-        if self.phase == QUERYING and self._asked <= self._answered:
-            sends += self._choose(now)
+        if self.phase == QUERYING and len(self._answered) >= self._queries:
+            sends += self._choose(now)  # as many answers as questions: no need to wait longer
         return sends
 
     def _choose(self, now: float) -> list[Send]:
@@ -166,6 +175,7 @@ class StateJoiner:
             self._failed.clear()
             self._asked.clear()
             self._answered = set()
+            self._queries = 0
             self._offers.clear()
             self._query_until = math.inf
             self._reask_at = now + self.config.query_timeout_s

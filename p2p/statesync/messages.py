@@ -39,6 +39,7 @@ class SyncConfig:
     # arrives) and is what the transport queues per peer before it drops (BulkConfig.max_pending_per_peer).
     window: int = 2
     timeout_s: float = 10.0  # a donor that sends nothing for this long is given up for the next one
+    first_chunk_s: float = 60.0  # ... but its first chunk may take this long: it captures and encodes the state
     query_timeout_s: float = 2.0  # wait this long for offers before choosing a donor
     max_candidates: int = 16  # members asked for an offer
     step_slack: int = 20  # donors this many steps behind the freshest are as good (load spreading)

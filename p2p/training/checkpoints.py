@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from p2p.training.state import StateError, TrainingState, from_checkpoint, to_checkpoint
+from p2p.training.state import StateError, TrainingState, finite, from_checkpoint, to_checkpoint
 
 log = logging.getLogger("p2p.checkpoints")
 NAME = re.compile(r"^ckpt-(\d+)\.pt$")
@@ -39,6 +39,8 @@ class CheckpointStore:
         self._writer: Optional[threading.Thread] = None
         self.last_error: Optional[str] = None  # the last background write that failed
         self.written = 0
+        for stale in self.directory.glob(".ckpt-*.tmp") if self.directory.is_dir() else ():
+            stale.unlink(missing_ok=True)  # a write a crash interrupted: never renamed, never read
 
     def paths(self) -> list[Path]:
         """Checkpoint files, newest step first."""
@@ -79,9 +81,9 @@ class CheckpointStore:
     def _write(self, state: TrainingState) -> None:
         try:
             self.save(state)
-        except OSError as exc:  # a full disk must not kill training: say so, keep going
-            self.last_error = f"checkpoint at step {state.step} not written: {exc}"
-            log.error("%s", self.last_error)
+        except Exception as exc:  # a full disk (or any failure) must not kill training: say so, go on
+            self.last_error = f"checkpoint at step {state.step} not written: {type(exc).__name__}: {exc}"
+            log.exception("%s", self.last_error)
 
     def wait(self) -> None:
         if self._writer is not None:
@@ -112,9 +114,16 @@ def load(path: Path, skipped: Optional[list[str]] = None) -> Optional[TrainingSt
             skipped.append(why)
         return None
     try:
-        return from_checkpoint(data)
+        state = from_checkpoint(data)
     except StateError as exc:
         raise StateError(f"checkpoint {path}: {exc}") from None
+    if not finite(state):
+        why = f"{path.name}: the model carries NaN or Inf, falling back to an older one"
+        log.error("checkpoint %s", why)
+        if skipped is not None:
+            skipped.append(why)
+        return None
+    return state
 
 
 def check(state: TrainingState, path: Path, model_key: str, task: Optional[str]) -> None:

@@ -127,8 +127,8 @@ class FlatParams:
         return count
 
     def drop_pending(self) -> None:
-        """Forget queued deltas (the parameters were just overwritten: they were relative to
-        the old values)."""
+        """Forget queued deltas (call it under ``lock``, right after overwriting the parameters:
+        they were relative to the old values)."""
         with self.lock:
             self._pending, self._pending_count = None, 0
 
@@ -139,18 +139,9 @@ class FlatParams:
         for p in self.params:
             by_id[id(p)] = torch.from_numpy(values[offset:offset + p.numel()]).view(p.shape).to(p.dtype)
             offset += p.numel()
-        return {name: by_id[id(p)] for name, p in model.named_parameters() if id(p) in by_id}
-
-    def load(self, values: np.ndarray) -> None:
-        """Overwrite the parameters (training thread only, e.g. from a checkpoint); drops
-        queued deltas, which were relative to the old values."""
-        if values.shape != (self.numel,):
-            raise ValueError(f"values of shape {values.shape}, model has {self.numel} parameters")
-        source = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
-        with self.lock:
-            for g in self.groups:
-                g.buffer.copy_(source[g.start:g.stop])
-            self._pending, self._pending_count = None, 0
+        # remove_duplicate=False: a tied weight has a name per module; every one of them must get
+        # the value (load_state_dict writes each name, the last one wins)
+        return {name: by_id[id(p)] for name, p in model.named_parameters(remove_duplicate=False) if id(p) in by_id}
 
     # -- gradients, for the algorithms that exchange them ----------------------------------
     def gradient(self) -> np.ndarray:
@@ -164,9 +155,12 @@ class FlatParams:
         if grad.shape != (self.numel,):
             raise ValueError(f"gradient of shape {grad.shape}, model has {self.numel} parameters")
         values = torch.from_numpy(np.ascontiguousarray(grad, dtype=np.float32)).to(self.device)
-        for p, part in zip(self.params, values.split([p.numel() for p in self.params])):
-            part = part.view_as(p).to(p.dtype)
+        parts = [part.view_as(p) for p, part in zip(self.params, values.split([p.numel() for p in self.params]))]
+        if all(p.grad is not None for p in self.params):
+            torch._foreach_copy_([p.grad for p in self.params], parts)  # one call, not one per parameter
+            return
+        for p, part in zip(self.params, parts):  # a parameter without a gradient gets a fresh one
             if p.grad is None:
-                p.grad = part.clone()
+                p.grad = part.to(p.dtype).clone()
             else:
                 p.grad.copy_(part)

@@ -1,9 +1,9 @@
 """Joining a swarm, from the training thread's side: state sync first, then membership.
 
 ``sync_state`` runs a ``StateJoiner`` (p2p/statesync/joiner.py) on the network thread and waits
-for it. A blob that arrives whole but does not fit this model (``StateError`` from
-p2p/training/state.py) counts against its donor like a broken transfer: the next attempt
-leaves that donor out. ``wait_joined`` then waits until a join address answered and
+for it. A blob that arrives whole but does not fit this member (``StateError`` from
+p2p/training/state.py, or from ``accept`` while it loads the state) counts against its donor
+like a broken transfer: the next attempt leaves that donor out. ``wait_joined`` then waits until a join address answered and
 ``min_members`` are alive.
 """
 
@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import torch
 
 from p2p.config import SwarmConfig
-from p2p.net.driver import DriverStopped, NetworkDriver
+from p2p.net.driver import DriverBusy, DriverStopped, NetworkDriver
 from p2p.peer import Peer
 from p2p.statesync import StateJoiner
 from p2p.statesync.joiner import FAILED
@@ -49,9 +49,11 @@ class Synced:
 
 def sync_state(driver: NetworkDriver, peer: Peer, config: SwarmConfig, model: torch.nn.Module, model_key: str,
                own_step: int, rng: random.Random, stop: threading.Event,
-               watch: Callable[[Optional[StateJoiner]], None]) -> Optional[Synced]:
-    """Download the freshest state of the swarm, or None when no member has a fresher one
-    than ``own_step`` (or ``stop`` was set). ``watch(joiner)`` is told which joiner runs (for
+               watch: Callable[[Optional[StateJoiner]], None],
+               accept: Callable[[TrainingState], None]) -> Optional[Synced]:
+    """Download the freshest state of the swarm and ``accept`` it (load it; StateError: it
+    does not fit, try another donor). None when no member has a fresher state than
+    ``own_step`` (or ``stop`` was set). ``watch(joiner)`` is told which joiner runs (for
     status). Raises SwarmError when no member could serve a state that fits."""
     started = time.monotonic()
     deadline = started + config.join_timeout_s
@@ -64,29 +66,31 @@ def sync_state(driver: NetworkDriver, peer: Peer, config: SwarmConfig, model: to
                              deadline, exclude=excluded, optimizer=config.sync_optimizer)
         watch(joiner)
         driver.act(lambda now: peer.begin_sync(joiner, now))
-        while not _call(driver, lambda: joiner.finished):
+        while not _call(driver, lambda: joiner.finished, busy=False):
             if stop.wait(0.05):
                 return None
         if joiner.phase == FAILED:
-            raise SwarmError(f"state sync failed: {joiner.error} (--no-state-sync starts from this node's own model)")
+            why = joiner.error if not excluded else f"{joiner.error}; refused before: {', '.join(sorted(excluded))}"
+            raise SwarmError(f"state sync failed: {why} (--no-state-sync starts from this node's own model)")
         outcome = joiner.outcome
         if outcome.data is None:
             return None
         try:
             state = from_bytes(outcome.data, mine, model_key)
+            accept(state)
         except StateError as exc:
             log.warning("state from %s refused: %s; trying another member", outcome.donor, exc)
             excluded.add(outcome.donor)
             continue
         return Synced(state, outcome.donor, outcome.crc, len(outcome.data), time.monotonic() - started)
-    raise SwarmError(f"state sync failed: {ATTEMPTS} donors sent state that does not fit this model")
+    raise SwarmError(f"state sync failed: the states of {', '.join(sorted(excluded))} do not fit this model")
 
 
 def wait_joined(driver: NetworkDriver, peer: Peer, config: SwarmConfig, stop: threading.Event) -> None:
     """Until a join address answered and ``min_members`` are alive (or ``stop``)."""
     deadline = time.monotonic() + config.join_timeout_s
     while True:
-        joined, members = _call(driver, lambda: (peer.joined, peer.live_members()))
+        joined, members = _call(driver, lambda: (peer.joined, peer.live_members()), busy=(False, 0))
         if (joined and members >= config.min_members) or stop.is_set():
             return
         if time.monotonic() >= deadline:
@@ -98,8 +102,11 @@ def wait_joined(driver: NetworkDriver, peer: Peer, config: SwarmConfig, stop: th
         stop.wait(0.05)
 
 
-def _call(driver: NetworkDriver, fn):
+def _call(driver: NetworkDriver, fn, busy=None):
+    """``driver.call(fn)``; ``busy`` when the network thread is too busy to answer now."""
     try:
         return driver.call(fn)
+    except DriverBusy:
+        return busy
     except DriverStopped:
         raise SwarmError(f"network loop failed: {driver.error}") from None

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
 from p2p.training.checkpoints import CheckpointStore
 from p2p.training.flat import FlatParams
-from p2p.training.state import StateError, TrainingState, check_model, cpu_copy
+from p2p.training.state import StateError, TrainingState, check_model, check_optimizer, cpu_copy, finite
 
 log = logging.getLogger("p2p.swarm")
 
@@ -62,27 +62,35 @@ class StateKeeper:
                              cpu_copy(self.optimizer.state_dict()) if self.optimizer is not None else None,
                              algorithm_state, {k: cpu_copy(o.state_dict()) for k, o in self.registered.items()}, info)
 
-    def capture_for_peer(self, step: int, algorithm: str, algorithm_state: dict, with_optimizer: bool,
-                         model_values: Optional[np.ndarray] = None) -> TrainingState:
+    def capture_for_peer(self, step_of: Callable[[], int], algorithm: str, algorithm_state: dict,
+                         with_optimizer: bool, model_values: Optional[np.ndarray] = None) -> TrainingState:
         """A joiner's state (network thread): parameters with the deltas queued for the next
-        step included (or ``model_values``, what the algorithm says a joiner should take), and
-        the optimizer as of the same step (both under the parameter lock)."""
+        step included (or ``model_values``, what the algorithm says a joiner should take), the
+        optimizer and the registered objects, and the step count, all as of one step (the
+        optimizer steps and the count moves under the same lock)."""
         with self.flat.lock:  # re-entrant: snapshot() takes it too
+            step = step_of()
             values = self.flat.snapshot() if model_values is None else model_values
             model = cpu_copy(self.model.state_dict())
             optimizer = cpu_copy(self.optimizer.state_dict()) if with_optimizer and self.optimizer is not None else None
+            extra = {k: cpu_copy(o.state_dict()) for k, o in self.registered.items()}
         model.update(self.flat.named_values(values, self.model))
-        return TrainingState(step, self.model_key, algorithm, model, optimizer, algorithm_state)
+        return TrainingState(step, self.model_key, algorithm, model, optimizer, algorithm_state, extra)
 
     # -- apply ----------------------------------------------------------------------------------
     def apply(self, state: TrainingState) -> None:
         """Load model (now), optimizer and registered objects (now, or when they come).
-        StateError when the model part does not fit this model."""
+        StateError when the model or optimizer part does not fit, or the model is not finite;
+        nothing is loaded then."""
         check_model(state.model, self.model.state_dict())
+        if not finite(state):
+            raise StateError("the model carries NaN or Inf")
+        if state.optimizer is not None and self.optimizer is not None:
+            check_optimizer(state.optimizer, self.optimizer)
         with self.flat.lock:
             with torch.no_grad():
                 self.model.load_state_dict(state.model)  # parameters are views: this writes the flat buffers
-        self.flat.drop_pending()
+            self.flat.drop_pending()  # queued deltas were relative to the old values
         if state.optimizer is not None:
             if self.optimizer is not None:
                 self._load_optimizer(state.optimizer)
@@ -96,8 +104,9 @@ class StateKeeper:
 
     def _load_optimizer(self, state: dict) -> None:
         try:
+            check_optimizer(state, self.optimizer)
             self.optimizer.load_state_dict(state)
-        except (ValueError, KeyError, RuntimeError) as exc:  # another optimizer or other groups
+        except (StateError, ValueError, KeyError, RuntimeError) as exc:  # another optimizer or other groups
             log.warning("optimizer state not restored (%s): the optimizer starts afresh", exc)
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -120,8 +129,13 @@ class StateKeeper:
         return self.store is not None and now >= self.next_checkpoint
 
     def save(self, state: TrainingState, wait: bool) -> None:
-        """Write ``state`` (in the background unless ``wait``)."""
+        """Write ``state`` (in the background unless ``wait``); a model with NaN or Inf is not
+        written (it would push a good checkpoint out)."""
         if self.store is None:
+            return
+        if not finite(state):
+            self.store.last_error = f"checkpoint at step {state.step} not written: the model carries NaN or Inf"
+            log.error("%s", self.store.last_error)
             return
         self.next_checkpoint = time.monotonic() + self.every_s
         if wait:

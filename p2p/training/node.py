@@ -74,9 +74,6 @@ class Node:
         self.optimizer = self.swarm.wrap(task.make_optimizer(self.model.parameters()))
         self.loop: Optional[TrainingLoop] = None
 
-    def request_stop(self, *_: object) -> None:
-        self.swarm.stop()
-
     def _report(self, state: LoopState) -> None:
         self.swarm.report(loss=state.loss, accuracy=state.accuracy, eval_loss=state.eval_loss)
 
@@ -107,8 +104,10 @@ class Node:
             swarm.finish(linger_s=0.0)  # the algorithm learns training is over
             if bounded and not swarm.stop_requested:
                 self._linger(cfg.swarm.linger_s)
-        finally:
-            swarm.close()
+        except BaseException:
+            swarm.close(linger_s=0.0, checkpoint=False)  # a failed (maybe diverged) run keeps its last good checkpoint
+            raise
+        swarm.close()
         self.print_line(self._progress_line(final=True))
 
     def _linger(self, seconds: Optional[float]) -> None:

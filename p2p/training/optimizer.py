@@ -56,9 +56,10 @@ class SwarmOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Optional[Callable[[], Any]] = None, **kwargs: Any) -> Any:  # type: ignore[override]
         swarm = self._swarm
-        swarm._before_optimizer_step()
-        with swarm.flat.lock:
+        swarm._before_optimizer_step(closure is not None)
+        with swarm.flat.lock:  # a snapshot never sees half a step, and the count moves with it
             result = self.optimizer.step(closure, **kwargs) if closure is not None else self.optimizer.step(**kwargs)
+            swarm._step += 1
         swarm._after_optimizer_step()
         return result
 

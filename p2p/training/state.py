@@ -18,6 +18,7 @@ Keys of ``to_bytes``: ``model/<state_dict key>``, ``optimizer/<param index>/<nam
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -86,22 +87,30 @@ def to_bytes(state: TrainingState) -> np.ndarray:
 
     tensors: dict[str, torch.Tensor] = {f"model/{k}": v.contiguous() for k, v in state.model.items()}
     meta: dict[str, Any] = {"version": FORMAT_VERSION, "step": state.step, "model_key": state.model_key,
-                            "algorithm": state.algorithm, "algorithm_values": {}}
+                            "algorithm": state.algorithm, "algorithm_values": {}, "extra_values": {}}
     for k, v in state.algorithm_state.items():
         if isinstance(v, np.ndarray):
             tensors[f"algorithm/{k}"] = torch.from_numpy(np.ascontiguousarray(v))
         else:
             meta["algorithm_values"][k] = v
+    for name, values in state.extra.items():  # registered objects: top-level tensors, the rest as JSON
+        kept = {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)}
+        try:
+            json.dumps(kept, default=_scalar)
+        except (TypeError, ValueError):
+            continue  # not representable without pickle: the joiner's own object keeps its state
+        meta["extra_values"][name] = kept
+        tensors.update({f"extra/{name}/{k}": v.contiguous() for k, v in values.items() if isinstance(v, torch.Tensor)})
     if state.optimizer is not None:
         meta["optimizer_groups"] = state.optimizer["param_groups"]
-        values: dict[str, dict[str, Any]] = {}
-        for index, slots in state.optimizer["state"].items():
-            for name, value in slots.items():
+        slots: dict[str, dict[str, Any]] = {}
+        for index, values in state.optimizer["state"].items():
+            for name, value in values.items():
                 if isinstance(value, torch.Tensor):
                     tensors[f"optimizer/{index}/{name}"] = value.contiguous()
                 else:
-                    values.setdefault(str(index), {})[name] = value
-        meta["optimizer_values"] = values
+                    slots.setdefault(str(index), {})[name] = value
+        meta["optimizer_values"] = slots
     blob = save(tensors, metadata={"p2p": json.dumps(meta, default=_scalar)})
     return np.frombuffer(blob, dtype=np.uint8)
 
@@ -121,9 +130,12 @@ def _header(data: bytes) -> dict:
         raise StateError(f"header of {n} bytes in a blob of {len(data)}")
     try:
         header = json.loads(bytes(data[8:8 + n]))
-        return json.loads(header["__metadata__"]["p2p"])
+        meta = json.loads(header["__metadata__"]["p2p"])
     except (ValueError, KeyError, TypeError) as exc:
         raise StateError(f"unreadable header: {exc}") from None
+    if not isinstance(meta, dict):
+        raise StateError("the header's metadata is not an object")
+    return meta
 
 
 def from_bytes(data: bytes, model: dict[str, torch.Tensor], model_key: str) -> TrainingState:
@@ -148,43 +160,99 @@ def _parse(data: bytes, meta: dict) -> TrainingState:
     model_key = meta.get("model_key")
     if not isinstance(model_key, str):
         raise StateError(f"model key {model_key!r}")
+    step = meta.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise StateError(f"step {step!r}")
     try:
         from safetensors.torch import load
 
         tensors = load(bytes(data))
     except Exception as exc:  # the Rust parser's own error types: any of them means bad bytes
         raise StateError(f"unreadable tensors: {exc}") from None
-    step = meta.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise StateError(f"step {step!r}")
-    weights = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
     for name, value in tensors.items():
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             raise StateError(f"{name} carries NaN or Inf")
-    algorithm_state: dict[str, Any] = dict(meta.get("algorithm_values") or {})
-    algorithm_state.update({k[len("algorithm/"):]: v.numpy() for k, v in tensors.items() if k.startswith("algorithm/")})
     try:
-        optimizer = _optimizer(meta, tensors)
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise StateError(f"optimizer state garbled: {exc}") from None
-    return TrainingState(step, model_key, str(meta.get("algorithm", "")), weights, optimizer, algorithm_state)
+        return TrainingState(step, model_key, str(meta.get("algorithm", "")), _section(tensors, "model/"),
+                             _optimizer(meta, tensors), _algorithm(meta, tensors), _extra(meta, tensors))
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        raise StateError(f"garbled state: {exc}") from None
+
+
+def _section(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def _json_values(values: Any, what: str) -> dict:
+    """A JSON object of plain, finite values (numbers, strings, booleans, None, lists of them)."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{what} is not an object")
+    for key, value in values.items():
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"{what}[{key!r}] is not finite")
+            if not isinstance(v, (int, float, str, bool, type(None))):
+                raise ValueError(f"{what}[{key!r}] is a {type(v).__name__}")
+    return values
+
+
+def _algorithm(meta: dict, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    state: dict[str, Any] = dict(_json_values(meta.get("algorithm_values") or {}, "algorithm values"))
+    state.update({k: v.numpy() for k, v in _section(tensors, "algorithm/").items()})
+    return state
+
+
+def _extra(meta: dict, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    values = meta.get("extra_values") or {}
+    if not isinstance(values, dict):
+        raise ValueError("extra values are not an object")
+    extra = {name: dict(_json_values(kept, f"{name}'s state")) for name, kept in values.items()}
+    for key, value in _section(tensors, "extra/").items():
+        name, _, field = key.partition("/")
+        extra.setdefault(name, {})[field] = value
+    return extra
 
 
 def _optimizer(meta: dict, tensors: dict[str, torch.Tensor]) -> Optional[dict]:
     """An optimizer state_dict from the blob's ``optimizer/<index>/<name>`` tensors and the
-    metadata's hyper-parameters and scalars (None when the donor sent none)."""
+    metadata's hyper-parameters and scalars (None when the donor sent none). Shapes are checked
+    against the optimizer that takes it (``check_optimizer``)."""
     if "optimizer_groups" not in meta:
         return None
+    groups = meta["optimizer_groups"]
+    if not isinstance(groups, list):
+        raise ValueError("optimizer groups are not a list")
     slots: dict[int, dict[str, Any]] = {}
-    for k, v in tensors.items():
-        if k.startswith("optimizer/"):
-            index, name = k[len("optimizer/"):].split("/", 1)
-            slots.setdefault(int(index), {})[name] = v
-    for index, values in (meta.get("optimizer_values") or {}).items():
-        slots.setdefault(int(index), {}).update(dict(values))
-    groups = [{k: tuple(v) if k == "betas" and isinstance(v, list) else v for k, v in dict(g).items()}
-              for g in meta["optimizer_groups"]]
-    return {"state": slots, "param_groups": groups}
+    for k, v in _section(tensors, "optimizer/").items():
+        index, name = k.split("/", 1)
+        slots.setdefault(int(index), {})[name] = v
+    values = meta.get("optimizer_values") or {}
+    if not isinstance(values, dict):
+        raise ValueError("optimizer values are not an object")
+    for index, kept in values.items():
+        slots.setdefault(int(index), {}).update(_json_values(kept, "optimizer values"))
+    parsed = []
+    for g in groups:
+        g = dict(_json_values({k: v for k, v in dict(g).items() if k != "params"}, "optimizer group"),
+                 params=[int(i) for i in dict(g)["params"]])
+        parsed.append({k: tuple(v) if k == "betas" and isinstance(v, list) else v for k, v in g.items()})
+    return {"state": slots, "param_groups": parsed}
+
+
+def check_optimizer(state: dict, optimizer: torch.optim.Optimizer) -> None:
+    """A donor's optimizer state fits ``optimizer``: the same groups, and every tensor in a
+    parameter's slot either a scalar (a step count) or of that parameter's shape. StateError."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    groups = state["param_groups"]
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in optimizer.param_groups]:
+        raise StateError("optimizer state of other parameter groups")
+    for index, slot in state["state"].items():
+        if not 0 <= index < len(params):
+            raise StateError(f"optimizer state for parameter {index}, there are {len(params)}")
+        for name, value in slot.items():
+            if isinstance(value, torch.Tensor) and value.ndim and value.shape != params[index].shape:
+                raise StateError(f"optimizer {name} of parameter {index}: {list(value.shape)}, "
+                                 f"the parameter is {list(params[index].shape)}")
 
 
 def check_model(weights: dict[str, torch.Tensor], model: dict[str, torch.Tensor]) -> None:
@@ -196,3 +264,8 @@ def check_model(weights: dict[str, torch.Tensor], model: dict[str, torch.Tensor]
         theirs = weights[name]
         if theirs.shape != mine.shape or theirs.dtype != mine.dtype:
             raise StateError(f"{name}: {theirs.dtype}{list(theirs.shape)}, this model has {mine.dtype}{list(mine.shape)}")
+
+
+def finite(state: TrainingState) -> bool:
+    """No NaN or Inf in the model's floating-point tensors (a diverged run is not kept)."""
+    return all(bool(torch.isfinite(t).all()) for t in state.model.values() if t.is_floating_point())

@@ -53,7 +53,7 @@ from p2p.averaging.registry import make_averager
 from p2p.config import SettingError, SwarmConfig, swarm_config
 from p2p.gossip import Membership
 from p2p.net.control import ModelReply, StateReply
-from p2p.net.driver import DriverStopped, NetworkDriver
+from p2p.net.driver import DriverBusy, DriverStopped, NetworkDriver
 from p2p.net.ports import advertised_address, bind_transport
 from p2p.net.transport import TransportError
 from p2p.peer import Peer
@@ -143,6 +143,8 @@ class Swarm:
         SwarmError (JoinError when no join address answers within ``join_timeout``)."""
         if self.phase != "created":
             raise RuntimeError(f"Swarm.start() in phase {self.phase!r}: a Swarm starts once")
+        if self.handle_signals and threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("handle_signals=True needs Swarm.start() on the main thread (Python's signal rule)")
         cfg = self.config
         try:
             restored = self._keeper.restore(self.metrics.get("task"))
@@ -160,7 +162,11 @@ class Swarm:
             transport.close()
             raise SwarmError(str(exc)) from None
         self.id = cfg.node_id or self.address
-        self._build_peer(transport, restored)
+        try:
+            self._build_peer(transport, restored)
+        except BaseException:
+            transport.close()
+            raise
         self.phase = "joining"
         self._driver.start()
         if self.handle_signals:
@@ -169,6 +175,7 @@ class Swarm:
         try:
             if cfg.state_sync and cfg.join:
                 self._sync()
+                self.phase = "joining"
             self._servable = True
             self._driver.act(lambda now: self.peer.start(list(cfg.join), now))
             wait_joined(self._driver, self.peer, cfg, self.stop_event)
@@ -203,6 +210,15 @@ class Swarm:
         self._driver = NetworkDriver(transport, self.peer, self.address, self._status_now, self._state_reply,
                                      avg.exchange_timeout_s, self.hooks, model_reply=self._model_reply)
 
+    def _accept(self, state: TrainingState) -> None:
+        """Load a donor's state (StateError: it does not fit; the next donor's replaces it)."""
+        self._keeper.apply(state)
+        self._step = state.step
+        try:
+            self._driver.call(lambda: self._load_algorithm_state(self.peer.averager, state, "peer"))
+        except SwarmError as exc:
+            raise StateError(str(exc)) from None
+
     def _load_algorithm_state(self, averager: Any, state: TrainingState, source: str) -> None:
         if state.algorithm != self.config.algorithm:
             log.warning("the %s state kept %s's algorithm state, not %s's: %s starts afresh",
@@ -218,12 +234,9 @@ class Swarm:
         self.phase = "syncing"
         rng = random.Random(peer_seed(self.config.seed, self.id) ^ 0x5EED)
         synced = sync_state(self._driver, self.peer, self.config, self.model, self.model_key, self._step, rng,
-                            self.stop_event, lambda joiner: setattr(self, "_joiner", joiner))
+                            self.stop_event, lambda joiner: setattr(self, "_joiner", joiner), self._accept)
         if synced is None:
             return
-        self._keeper.apply(synced.state)
-        self._step = synced.state.step
-        self._driver.call(lambda: self._load_algorithm_state(self.peer.averager, synced.state, "peer"))
         self.synced = synced
         log.warning("took the swarm's state from %s: step %d, %.1f MB in %.2f s", synced.donor,
                     synced.state.step, synced.nbytes / 1e6, synced.seconds)
@@ -314,8 +327,12 @@ class Swarm:
         """Write a checkpoint now (training thread, between steps; with ``checkpoint_dir``)."""
         if self._keeper.store is None or self._driver is None:
             return
-        algorithm_state, incarnation = self._driver.call(
-            lambda: (self.peer.averager.state_dict(), self.peer.membership.incarnation))
+        try:
+            algorithm_state, incarnation = self._driver.call(
+                lambda: (self.peer.averager.state_dict(), self.peer.membership.incarnation))
+        except (DriverStopped, DriverBusy) as exc:  # training goes on; the next one may succeed
+            log.error("checkpoint at step %d skipped: %s", self._step, exc)
+            return
         info = {"task": self.metrics.get("task"), "seed": self.config.seed, "node_id": self.id,
                 "incarnation": incarnation, "saved_at": time.time()}
         state = self._keeper.capture(self._step, self.config.algorithm, algorithm_state, info)
@@ -331,16 +348,20 @@ class Swarm:
         step; call it when the model is not stepping, e.g. before evaluating). Returns how many."""
         return self.flat.apply_pending()
 
-    def _before_optimizer_step(self) -> None:
-        if self._driver is None or self.phase != "training":
-            raise RuntimeError("SwarmOptimizer.step() outside the Swarm's with block (or after close)")
+    def _before_optimizer_step(self, closure: bool) -> None:
+        if self._driver is None or self.phase != "training" or self._done:
+            raise RuntimeError("SwarmOptimizer.step() outside the Swarm's with block (or after finish/close)")
         if self.hooks.wants_gradient:
+            if closure:
+                raise ValueError(f"{self.config.algorithm} exchanges gradients before the step: "
+                                 f"compute them yourself (backward) and call step() without a closure")
             self.hooks.gradient(self._step + 1)  # e.g. GossipGraD: the partner's gradient replaces ours
 
     def _after_optimizer_step(self) -> None:
-        """Step k was applied: tell the algorithm, land queued deltas, and wait at the gate of
-        step k + 1 when the algorithm gates (its round must finish before the next step)."""
-        k = self._step = self._step + 1
+        """Step k was applied (and counted, under the lock): tell the algorithm, land queued
+        deltas, and wait at the gate of step k + 1 when the algorithm gates (its round must
+        finish before the next step)."""
+        k = self._step
         hooks = self.hooks
         hooks.after_step(k)
         self.flat.apply_pending()
@@ -369,7 +390,7 @@ class Swarm:
         if self._driver is not None:
             try:
                 return self._driver.call(self._status_now)
-            except DriverStopped:
+            except (DriverStopped, DriverBusy):
                 pass
         return {**self._cached_status, **self._training_fields()}
 
@@ -430,12 +451,12 @@ class Swarm:
         averager = self.peer.averager
         for_joiner = getattr(averager, "state_for_joiner", None)
         algorithm_state, values = for_joiner() if for_joiner is not None else (averager.state_dict(), None)
-        state = self._keeper.capture_for_peer(self._step, self.config.algorithm, algorithm_state, with_optimizer,
-                                              values)
+        state = self._keeper.capture_for_peer(lambda: self._step, self.config.algorithm, algorithm_state,
+                                              with_optimizer, values)
         return to_bytes(state), state.step, state.model_key
 
     def _model_reply(self) -> ModelReply:
-        state = self._keeper.capture_for_peer(self._step, self.config.algorithm, {}, with_optimizer=False)
+        state = self._keeper.capture_for_peer(lambda: self._step, self.config.algorithm, {}, with_optimizer=False)
         return ModelReply(state.step, self.model_key, to_bytes(state))
 
 
