@@ -104,8 +104,9 @@ def test_a_joiner_whose_donor_dies_mid_transfer_completes_from_another(tmp_path)
         wait_until(lambda: (s := statuses(swarm, range(3))) and all(x["phase"] == "lingering" for x in s), 120,
                    what="the swarm to finish its steps")
         swarm.start_peer(3, [swarm.addrs[0], swarm.addrs[1], swarm.addrs[2]])
-        first = wait_until(lambda: (s := status(swarm, 3)) and s["sync"].get("phase") == "transferring" and s["sync"],
-                           60, interval_s=0.05, what="a transfer to start")
+        first = wait_until(lambda: (s := status(swarm, 3)) and s["sync"].get("phase") == "transferring"
+                           and 0 < s["sync"]["received"] < s["sync"]["total"] and s["sync"],
+                           60, interval_s=0.05, what="a transfer to be under way")
         victim = swarm.addrs.index(first["donor"])
         swarm.kill(victim, signal.SIGKILL)
         done = wait_until(lambda: (s := status(swarm, 3)) and s["sync"].get("phase") == "done" and s["sync"], 60,

@@ -9,7 +9,7 @@ import pytest
 
 from p2p.statesync import StateDonor, StateJoiner, SyncConfig
 from p2p.statesync.joiner import DONE, FAILED, TRANSFERRING
-from p2p.statesync.messages import BUSY, SyncChunk, SyncChunkRequest, SyncQuery
+from p2p.statesync.messages import BUSY, OK, PREPARING, SyncChunk, SyncChunkRequest, SyncQuery
 from p2p.wire import decode, encode, registered_tags
 
 KEY = "m/10"
@@ -39,13 +39,14 @@ class Net:
         self.joiner, self.donors, self.config = joiner, {d.addr: d for d in donors}, config
         self.now, self.down, self.sent = 0.0, set(), []
         self.tamper = None  # f(msg) -> msg, applied to chunks on their way
+        self.lose = lambda to, msg: False  # messages for which it is true never arrive
 
     def deliver(self, src, sends):
         queue = [(src, s) for s in sends]
         while queue:
             src, send = queue.pop(0)
             self.sent.append(send.msg)
-            if send.to in self.down:
+            if send.to in self.down or self.lose(send.to, send.msg):
                 continue
             _, msg = decode([bytes(f) for f in encode(send.msg, src)])
             if isinstance(msg, SyncChunk) and self.tamper:
@@ -182,13 +183,12 @@ def test_when_every_donor_fails_the_joiner_asks_again_until_its_deadline():
 def test_a_donor_serves_at_most_max_transfers_and_shares_one_capture():
     config = SyncConfig(chunk_bytes=1000, max_transfers=2, reuse_s=5.0)
     d = Donor("a:1", step=10, config=config)
-    first = [d.donor.receive(f"j{i}:1", SyncChunkRequest(i, 0, 1000, True), 0.0) for i in range(3)]
-    statuses = [sends[0].msg.status for sends in first]
-    assert statuses == [0, 0, BUSY] and d.captures == 1 and d.donor.stats["busy"] == 1
+    statuses = [first_chunk(d, f"j{i}:1", i, 0.0).status for i in range(3)]
+    assert statuses == [OK, OK, BUSY] and d.captures == 1 and d.donor.stats["busy"] == 1
     assert d.donor.receive("j9:1", SyncQuery(7), 0.0)[0].msg.busy
     # once the transfers went quiet for timeout_s, the donor serves again and drops the capture
     d.donor.tick(20.0)
-    assert d.donor.receive("j3:1", SyncChunkRequest(3, 0, 1000, True), 20.0)[0].msg.status == 0 and d.captures == 2
+    assert first_chunk(d, "j3:1", 3, 20.0).status == OK and d.captures == 2
 
 
 def test_a_request_past_the_start_of_an_unknown_transfer_is_refused():
@@ -220,11 +220,44 @@ def test_simultaneous_joiners_spread_over_equally_fresh_donors():
     assert sorted(chosen.count(d.addr) for d in donors) == [2, 2, 2, 2]
 
 
+def first_chunk(donor, joiner, transfer, now):
+    """A transfer's first request: PREPARING at once, the chunk when the donor ticks (captures)."""
+    (ack,) = donor.donor.receive(joiner, SyncChunkRequest(transfer, 0, 1000, True), now)
+    if ack.msg.status != PREPARING:
+        return ack.msg
+    assert donor.donor.next_deadline() <= now  # it wants to tick at once
+    (chunk,) = [s for s in donor.donor.tick(now) if s.to == joiner and s.msg.transfer == transfer]
+    return chunk.msg
+
+
 def test_a_donor_frees_a_transfer_slot_when_it_served_the_last_byte():
     d = Donor("a:1", step=10, size=3000, config=SyncConfig(chunk_bytes=1000, max_transfers=1))
-    for offset in (0, 1000, 2000):
-        assert d.donor.receive("j:1", SyncChunkRequest(1, offset, 1000, True), 0.0)[0].msg.status == 0
-    assert d.donor.receive("k:1", SyncChunkRequest(2, 0, 1000, True), 0.1)[0].msg.status == 0  # not BUSY
+    assert first_chunk(d, "j:1", 1, 0.0).status == OK
+    for offset in (1000, 2000):
+        assert d.donor.receive("j:1", SyncChunkRequest(1, offset, 1000, True), 0.0)[0].msg.status == OK
+    assert first_chunk(d, "k:1", 2, 0.1).status == OK  # not BUSY
+
+
+def test_a_donor_that_said_preparing_gets_time_to_capture():
+    config = SyncConfig(chunk_bytes=1000, timeout_s=1.0, first_chunk_s=30.0)
+    slow = Donor("a:1", step=10, config=config)
+    ticks = slow.donor.tick
+    slow.donor.tick = lambda now: []  # it answered PREPARING and is still capturing
+    net = Net(joiner(["a:1"], config=config), [slow], config)
+    j = net.run(until=5.0)
+    assert j.phase == TRANSFERRING and j.attempts == 1 and j.stats["donors_failed"] == 0  # not given up
+    slow.donor.tick = ticks
+    assert net.run(until=60).phase == DONE
+
+
+def test_a_donor_that_dies_before_it_answers_is_given_up_after_the_short_timeout():
+    config = SyncConfig(chunk_bytes=1000, timeout_s=1.0, first_chunk_s=30.0, step_slack=0)
+    a, b = Donor("a:1", step=20, members=["b:1"], config=config), Donor("b:1", step=10, config=config)
+    net = Net(joiner(["a:1"], config=config), [a, b], config)
+    net.lose = lambda to, msg: to == "a:1" and isinstance(msg, SyncChunkRequest)  # a dies once it offered
+    j = net.run(until=60)
+    assert j.phase == DONE and j.outcome.donor == "b:1" and j.attempts == 2
+    assert "a:1 sent nothing for 1s" in j.error and net.now < 10  # not the 30 s a capture may take
 
 
 @pytest.mark.parametrize("tag, values, tensors", [

@@ -6,6 +6,8 @@ syncing itself) and the live members it knows, so a joiner that knows one addres
 others. The first ``SyncChunkRequest`` of a transfer binds the transfer to a captured state:
 ``capture()`` (the training side's consistent copy of model, optimizer and algorithm state, as
 bytes), or a capture taken less than ``reuse_s`` ago (joiners arriving together share one).
+Capturing a large model takes a while, so the first request is answered PREPARING at once and
+the capture is taken on the next ``tick``: the joiner knows the donor is alive meanwhile.
 Every later request of that transfer reads the same bytes, so a joiner never mixes two steps.
 
 Bounds. At most ``max_transfers`` transfers are active at once (a transfer is active while it
@@ -29,8 +31,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from p2p.protocol import Send
-from p2p.statesync.messages import (BUSY, MAX_MEMBERS, MIN_CHUNK, OK, PACED_CHUNK_S, UNKNOWN, SyncChunk,
-                                    SyncChunkRequest, SyncConfig, SyncOffer, SyncQuery)
+from p2p.statesync.messages import (BUSY, MAX_MEMBERS, MIN_CHUNK, OK, PACED_CHUNK_S, PREPARING, UNKNOWN,
+                                    SyncChunk, SyncChunkRequest, SyncConfig, SyncOffer, SyncQuery)
 
 Describe = Callable[[], Optional[tuple[int, str]]]  # -> (step, model key), or None: nothing to give
 Capture = Callable[[bool], tuple[np.ndarray, int, str]]  # (with optimizer) -> (state bytes as uint8, step, model key)
@@ -50,8 +52,9 @@ class _Capture:
 
 @dataclass
 class _Transfer:
-    capture: _Capture
+    capture: Optional[_Capture]  # None until tick() captured it (the first request waits in ``first``)
     last_request: float
+    first: Optional[SyncChunkRequest] = None
 
 
 @dataclass(order=True)
@@ -90,13 +93,23 @@ class StateDonor:
         return []
 
     def tick(self, now: float) -> list[Send]:
-        self._expire(now)
         sends = []
+        for (src, _), transfer in list(self._transfers.items()):
+            if transfer.capture is None:  # capture now (the joiner was told: PREPARING) and serve
+                first, transfer.first = transfer.first, None
+                transfer.capture = self._capture_for(first.optimizer, now)
+                c = transfer.capture
+                self.served.append({"joiner": src, "step": c.step, "bytes": int(c.data.size), "crc": c.crc})
+                del self.served[:-8]
+                sends += self._serve(src, first, now)
+        self._expire(now)
         while self._paced and self._paced[0].send_at <= now:
             sends.append(heapq.heappop(self._paced).send)
         return sends
 
     def next_deadline(self) -> float:
+        if any(t.capture is None for t in self._transfers.values()):
+            return -math.inf  # a capture to take: at once (tick)
         deadlines = [p.last_request + self.config.timeout_s for p in self._transfers.values()]
         if self._paced:
             deadlines.append(self._paced[0].send_at)
@@ -115,13 +128,14 @@ class StateDonor:
             if self._active(now) >= self.config.max_transfers or self._describe() is None:
                 self.stats["busy"] += 1
                 return [Send(src, SyncChunk(msg.transfer, BUSY, 0, 0, "", 0, 0, _EMPTY))]
-            transfer = self._transfers[key] = _Transfer(self._capture_for(msg.optimizer, now), now)
+            # Capturing may take a while (a large model): say so now, capture from tick().
+            self._transfers[key] = _Transfer(None, now, msg)
             self.stats["transfers"] += 1
-            c = transfer.capture
-            self.served.append({"joiner": src, "step": c.step, "bytes": int(c.data.size), "crc": c.crc})
-            del self.served[:-8]
+            return [Send(src, SyncChunk(msg.transfer, PREPARING, 0, 0, "", 0, 0, _EMPTY))]
         transfer.last_request = now
         c = transfer.capture
+        if c is None:  # a second request before the capture: it is served with the rest
+            return []
         offset = min(msg.offset, c.data.size)
         data = c.data[offset:offset + msg.length]  # a view: no copy until the wire
         if offset + data.size >= c.data.size:
@@ -158,7 +172,7 @@ class StateDonor:
     def _expire(self, now: float) -> None:
         timeout = self.config.timeout_s
         self._transfers = {k: t for k, t in self._transfers.items() if now - t.last_request < timeout}
-        used = {id(t.capture) for t in self._transfers.values()}
+        used = {id(t.capture) for t in self._transfers.values() if t.capture is not None}
         self._captures = [c for c in self._captures if id(c) in used or now - c.taken_at <= self.config.reuse_s]
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from p2p.protocol import RemoteProtocolError, Send
-from p2p.statesync.messages import OK, SyncChunk, SyncChunkRequest, SyncConfig, SyncOffer, SyncQuery
+from p2p.statesync.messages import BUSY, OK, PREPARING, UNKNOWN, SyncChunk, SyncChunkRequest, SyncConfig, SyncOffer, SyncQuery
 
 QUERYING, TRANSFERRING, DONE, FAILED = "querying", "transferring", "done", "failed"
 
@@ -65,6 +65,7 @@ class _Transfer:
     received: int = 0  # bytes in place, contiguous from 0
     pending: dict[int, bytes] = field(default_factory=dict)  # chunks that came ahead of a gap
     last_progress: float = 0.0
+    preparing: bool = False  # the donor said it is capturing
 
 
 class StateJoiner:
@@ -109,8 +110,10 @@ class StateJoiner:
         return math.inf
 
     def _patience(self) -> float:
-        """How long the current donor may stay silent: longer before its first chunk (capture)."""
-        return self.config.timeout_s if self._transfer.total >= 0 else self.config.first_chunk_s
+        """How long the current donor may stay silent: longer between its PREPARING and its
+        first chunk (it is capturing the state)."""
+        t = self._transfer
+        return self.config.first_chunk_s if t.preparing and t.total < 0 else self.config.timeout_s
 
     def tick(self, now: float) -> list[Send]:
         if self.phase == QUERYING and now >= self._reask_at:
@@ -211,8 +214,12 @@ class StateJoiner:
         t = self._transfer
         if self.phase != TRANSFERRING or src != t.donor or msg.transfer != t.ident:
             return []  # late, from a donor given up on: ignore
+        if msg.status == PREPARING and t.total < 0 and not t.preparing:
+            t.preparing, t.last_progress = True, now  # alive, capturing: the bytes follow
+            return []
         if msg.status != OK:
-            return self._drop(f"{src} refused ({'busy' if msg.status == 1 else 'unknown transfer'})", now)
+            why = {BUSY: "busy", UNKNOWN: "unknown transfer", PREPARING: "preparing twice"}[msg.status]
+            return self._drop(f"{src} refused ({why})", now)
         try:
             self._check(t, msg)
         except RemoteProtocolError as exc:

@@ -23,7 +23,9 @@ import numpy as np
 
 from p2p.wire import message
 
-OK, BUSY, UNKNOWN = 0, 1, 2  # SyncChunk.status: served; the donor serves enough joiners; no such transfer
+# SyncChunk.status: served; the donor serves enough joiners; no such transfer; the donor is
+# capturing the state (sent at once on a transfer's first request, the bytes follow)
+OK, BUSY, UNKNOWN, PREPARING = 0, 1, 2, 3
 MAX_MEMBERS = 64  # addresses an offer lists
 MAX_CHUNK = 64 << 20
 PACED_CHUNK_S = 0.25  # a paced donor asks for chunks it sends in about this long
@@ -39,7 +41,7 @@ class SyncConfig:
     # arrives) and is what the transport queues per peer before it drops (BulkConfig.max_pending_per_peer).
     window: int = 2
     timeout_s: float = 10.0  # a donor that sends nothing for this long is given up for the next one
-    first_chunk_s: float = 60.0  # ... but its first chunk may take this long: it captures and encodes the state
+    first_chunk_s: float = 60.0  # once it said it is capturing (PREPARING), its first chunk may take this long
     query_timeout_s: float = 2.0  # wait this long for offers before choosing a donor
     max_candidates: int = 16  # members asked for an offer
     step_slack: int = 20  # donors this many steps behind the freshest are as good (load spreading)
@@ -109,7 +111,7 @@ class SyncChunk:
     data: np.ndarray  # uint8, bytes [offset, offset + len(data))
 
     def __post_init__(self) -> None:
-        if self.status not in (OK, BUSY, UNKNOWN) or self.total < 0 or self.offset < 0 or self.step < 0:
+        if self.status not in (OK, BUSY, UNKNOWN, PREPARING) or self.total < 0 or self.offset < 0 or self.step < 0:
             raise ValueError("bad status, total, offset or step")
         if self.data.dtype != np.uint8 or self.data.ndim != 1 or self.offset + self.data.size > self.total:
             raise ValueError("data must be uint8 bytes inside [0, total)")
