@@ -15,7 +15,7 @@ from p2p.net.bulk import MAGIC, BufferPool, StreamReader, stream_parts
 from p2p.net.control import StatusRequest
 from p2p.protocol import RemoteProtocolError
 from p2p.net.ports import free_ports
-from p2p.net.transport import Transport, TransportConfig
+from p2p.net.transport import Transport, TransportConfig, TransportError
 from p2p.net.bulk import BulkConfig
 from p2p.wire import DEFAULT_LIMITS, decode, encode
 
@@ -311,3 +311,35 @@ def test_at_the_connection_limit_the_longest_idle_connection_makes_room():
         for c in conns:
             c.close()
         b.close()
+
+
+def test_an_idle_stream_to_a_peer_that_restarted_is_redialled_not_written_into():
+    """kill -9 and a restart at the same address: the sender's old connection is dead. It must
+    notice (the peer's close) and dial afresh, so the first message to the new process arrives."""
+    a_port, b_port = free_ports(2)
+    a = Transport(TransportConfig(), f"127.0.0.1:{a_port}")
+    b = Transport(TransportConfig(), f"127.0.0.1:{b_port}")
+    frames = encode(AvgRequest(1, 0, "k", np.ones(1 << 18, dtype=np.float32)), f"127.0.0.1:{a_port}")  # 1 MB: bulk
+    try:
+        assert a.send(f"127.0.0.1:{b_port}", frames, time.monotonic())
+        assert len(exchange(a, b, 1)) == 1 and a.streams_closed_by_peer == 0
+        b.close()  # the receiving process dies...
+        b = None
+        deadline = time.monotonic() + 10
+        while b is None:  # ...and comes back at the same address (once the old sockets let go of it)
+            try:
+                b = Transport(TransportConfig(), f"127.0.0.1:{b_port}")
+            except TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while a.streams_closed_by_peer == 0 and time.monotonic() < deadline:
+            a.receive(0.05, time.monotonic())
+        assert a.streams_closed_by_peer == 1
+        assert a.send(f"127.0.0.1:{b_port}", frames, time.monotonic())
+        got = exchange(a, b, 1)
+        assert len(got) == 1 and got[0].error is None  # it arrived at the new process
+    finally:
+        a.close()
+        if b is not None:
+            b.close()

@@ -9,7 +9,7 @@ import pytest
 
 from p2p.statesync import StateDonor, StateJoiner, SyncConfig
 from p2p.statesync.joiner import DONE, FAILED, TRANSFERRING
-from p2p.statesync.messages import BUSY, OK, PREPARING, SyncChunk, SyncChunkRequest, SyncQuery
+from p2p.statesync.messages import BUSY, CAPTURED, OK, PREPARING, SyncChunk, SyncChunkRequest, SyncQuery
 from p2p.wire import decode, encode, registered_tags
 
 KEY = "m/10"
@@ -226,8 +226,9 @@ def first_chunk(donor, joiner, transfer, now):
     if ack.msg.status != PREPARING:
         return ack.msg
     assert donor.donor.next_deadline() <= now  # it wants to tick at once
-    (chunk,) = [s for s in donor.donor.tick(now) if s.to == joiner and s.msg.transfer == transfer]
-    return chunk.msg
+    captured, chunk = [s.msg for s in donor.donor.tick(now) if s.to == joiner and s.msg.transfer == transfer]
+    assert captured.status == CAPTURED and captured.total == chunk.total and captured.data.size == 0
+    return chunk
 
 
 def test_a_donor_frees_a_transfer_slot_when_it_served_the_last_byte():
@@ -248,6 +249,19 @@ def test_a_donor_that_said_preparing_gets_time_to_capture():
     assert j.phase == TRANSFERRING and j.attempts == 1 and j.stats["donors_failed"] == 0  # not given up
     slow.donor.tick = ticks
     assert net.run(until=60).phase == DONE
+
+
+def test_a_chunk_lost_in_transit_is_asked_for_again_before_the_donor_is_given_up():
+    """A restarted node at a known address: the donor's old connection to it swallows the first
+    chunk it writes. The joiner asks once more and completes from the same donor."""
+    config = SyncConfig(chunk_bytes=1000, timeout_s=1.0)
+    d = Donor("a:1", step=10, config=config)
+    net = Net(joiner(["a:1"], config=config), [d], config)
+    lost = []
+    net.tamper = lambda msg: (lost.append(msg.offset) or None) if msg.status == OK and not lost else msg
+    j = net.run(until=60)
+    assert j.phase == DONE and j.attempts == 1 and j.stats["retries"] == 1 and lost == [0]
+    assert j.outcome.data == d.data.tobytes()
 
 
 def test_a_donor_that_dies_before_it_answers_is_given_up_after_the_short_timeout():

@@ -161,6 +161,7 @@ class Transport:
         self.send_drops = 0
         self.transfers_abandoned = 0
         self.connections_refused = 0  # inbound bulk connections beyond ``max_connections``
+        self.streams_closed_by_peer = 0  # idle outgoing streams the receiver closed (it died, restarted)
 
     # -- sockets --------------------------------------------------------------------------
     def _socket(self, addr: str) -> zmq.Socket:
@@ -226,6 +227,21 @@ class Transport:
         stream.sock, stream.connected = sock, err == 0
         if stream.connected:
             stream.backoff_s = 0.0
+
+    def _closed_by_peer(self, stream: _OutStream) -> None:
+        """The receiver closed (or reset) an idle stream: a receiver never sends on it, so
+        anything readable is its end. Close ours; the next large message dials afresh."""
+        try:
+            data = stream.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if data:
+            return  # not a close (nothing should come this way; leave it to the stall timeout)
+        stream.sock.close()
+        stream.sock, stream.connected, stream.retry_at, stream.backoff_s = None, False, 0.0, 0.0
+        self.streams_closed_by_peer += 1
 
     def _fail(self, stream: _OutStream, now: float) -> None:
         """The bulk connection failed: close it, drop what was queued, re-dial later."""
@@ -295,13 +311,21 @@ class Transport:
     def receive(self, timeout_s: float, now: float, max_messages: int = 64) -> list[Incoming]:
         """Wait up to ``timeout_s`` for traffic; return complete messages (or rejections)."""
         writers = [st for st in self._out.values() if st.queue and st.sock is not None]
+        # Idle outgoing streams are watched for the peer's close (readable: EOF), so one to a peer
+        # that died or restarted is re-dialled before the next message is lost on it.
+        watched = [st for st in self._out.values() if st.sock is not None and st.connected and not st.queue]
         for st in writers:
             self.poller.register(st.sock, zmq.POLLOUT)
+        for st in watched:
+            self.poller.register(st.sock, zmq.POLLIN)
         try:  # (ZeroMQ sockets come back as themselves, plain sockets as their file descriptors)
             events = dict(self.poller.poll(max(0, int(timeout_s * 1000))))
         finally:
-            for st in writers:
+            for st in writers + watched:
                 self.poller.unregister(st.sock)
+        for st in watched:
+            if events.get(st.sock.fileno(), 0):
+                self._closed_by_peer(st)
         for st in writers:
             if not st.connected and events.get(st.sock.fileno(), 0):
                 if st.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from p2p.protocol import Send
-from p2p.statesync.messages import (BUSY, MAX_MEMBERS, MIN_CHUNK, OK, PACED_CHUNK_S, PREPARING, UNKNOWN,
+from p2p.statesync.messages import (BUSY, CAPTURED, MAX_MEMBERS, MIN_CHUNK, OK, PACED_CHUNK_S, PREPARING, UNKNOWN,
                                     SyncChunk, SyncChunkRequest, SyncConfig, SyncOffer, SyncQuery)
 
 Describe = Callable[[], Optional[tuple[int, str]]]  # -> (step, model key), or None: nothing to give
@@ -55,6 +55,7 @@ class _Transfer:
     capture: Optional[_Capture]  # None until tick() captured it (the first request waits in ``first``)
     last_request: float
     first: Optional[SyncChunkRequest] = None
+    served_last: bool = False  # its last byte went out: it no longer takes a slot (kept for re-asks)
 
 
 @dataclass(order=True)
@@ -101,6 +102,8 @@ class StateDonor:
                 c = transfer.capture
                 self.served.append({"joiner": src, "step": c.step, "bytes": int(c.data.size), "crc": c.crc})
                 del self.served[:-8]
+                sends.append(Send(src, SyncChunk(first.transfer, CAPTURED, c.ident, c.step, c.model_key,
+                                                 int(c.data.size), 0, _EMPTY)))
                 sends += self._serve(src, first, now)
         self._expire(now)
         while self._paced and self._paced[0].send_at <= now:
@@ -117,7 +120,8 @@ class StateDonor:
 
     # -- serving --------------------------------------------------------------------------------
     def _active(self, now: float) -> int:
-        return sum(1 for t in self._transfers.values() if now - t.last_request < self.config.timeout_s)
+        return sum(1 for t in self._transfers.values()
+                   if not t.served_last and now - t.last_request < self.config.timeout_s)
 
     def _serve(self, src: str, msg: SyncChunkRequest, now: float) -> list[Send]:
         key = (src, msg.transfer)
@@ -139,7 +143,7 @@ class StateDonor:
         offset = min(msg.offset, c.data.size)
         data = c.data[offset:offset + msg.length]  # a view: no copy until the wire
         if offset + data.size >= c.data.size:
-            del self._transfers[key]  # the last chunk: its slot is free for the next joiner
+            transfer.served_last = True  # its slot is free for the next joiner; a lost chunk can still be asked for
         chunk = SyncChunk(msg.transfer, OK, c.ident, c.step, c.model_key, int(c.data.size), offset, data)
         self.stats["chunks_sent"] += 1
         self.stats["bytes_sent"] += int(data.size)

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from p2p.protocol import RemoteProtocolError, Send
-from p2p.statesync.messages import BUSY, OK, PREPARING, UNKNOWN, SyncChunk, SyncChunkRequest, SyncConfig, SyncOffer, SyncQuery
+from p2p.statesync.messages import (BUSY, CAPTURED, OK, PREPARING, UNKNOWN, SyncChunk, SyncChunkRequest, SyncConfig,
+                                    SyncOffer, SyncQuery)
 
 QUERYING, TRANSFERRING, DONE, FAILED = "querying", "transferring", "done", "failed"
 
@@ -66,6 +67,7 @@ class _Transfer:
     pending: dict[int, bytes] = field(default_factory=dict)  # chunks that came ahead of a gap
     last_progress: float = 0.0
     preparing: bool = False  # the donor said it is capturing
+    retried: bool = False  # after a stall, the outstanding chunks were asked for again
 
 
 class StateJoiner:
@@ -92,7 +94,8 @@ class StateJoiner:
         self._reask_at = math.inf  # after every candidate failed: when to ask the members again
         self._transfer: Optional[_Transfer] = None
         self.attempts = 0  # donors tried
-        self.stats = {"offers": 0, "chunks": 0, "bytes": 0, "donors_failed": 0, "rejected": 0}
+        self.stats = {"offers": 0, "chunks": 0, "bytes": 0, "donors_failed": 0, "rejected": 0, "retries": 0,
+                      "duplicates": 0}
 
     # -- driver interface -----------------------------------------------------------------------
     def start(self, now: float) -> list[Send]:
@@ -121,8 +124,15 @@ class StateJoiner:
             return self._ask(self._seeds)
         if self.phase == QUERYING and now >= self._query_until:
             return self._choose(now)
-        if self.phase == TRANSFERRING and now >= self._transfer.last_progress + self._patience():
-            return self._drop(f"{self._transfer.donor} sent nothing for {self._patience():g}s", now)
+        t = self._transfer
+        if self.phase == TRANSFERRING and now >= t.last_progress + self._patience():
+            if t.retried or not t.requested:
+                return self._drop(f"{t.donor} sent nothing for {self._patience():g}s", now)
+            # Ask once more for what is outstanding: a chunk can be lost with a stale connection
+            # (the donor wrote it to a peer that restarted at the same address).
+            t.retried, t.last_progress = True, now
+            self.stats["retries"] += 1
+            return [Send(t.donor, SyncChunkRequest(t.ident, offset, t.chunk, self.optimizer)) for offset in sorted(t.requested)]
         return []
 
     def receive(self, src: str, msg: object, now: float) -> list[Send]:
@@ -217,15 +227,28 @@ class StateJoiner:
         if msg.status == PREPARING and t.total < 0 and not t.preparing:
             t.preparing, t.last_progress = True, now  # alive, capturing: the bytes follow
             return []
+        if msg.status == CAPTURED and msg.data.size == 0:
+            if t.total >= 0:
+                return []  # it came after the first chunk: nothing new
+            try:
+                self._capture_fields(t, msg)
+            except RemoteProtocolError as exc:
+                self.stats["rejected"] += 1
+                return self._drop(f"{src} broke the transfer: {exc}", now)
+            t.preparing, t.last_progress = False, now
+            return self._request_more()
+        if msg.status == OK and t.total >= 0 and (msg.offset < t.received or msg.offset in t.pending):
+            self.stats["duplicates"] += 1  # the answer to a repeated request: we have it
+            return []
         if msg.status != OK:
-            why = {BUSY: "busy", UNKNOWN: "unknown transfer", PREPARING: "preparing twice"}[msg.status]
+            why = {BUSY: "busy", UNKNOWN: "unknown transfer", PREPARING: "preparing twice", CAPTURED: "data in a notice"}[msg.status]
             return self._drop(f"{src} refused ({why})", now)
         try:
             self._check(t, msg)
         except RemoteProtocolError as exc:
             self.stats["rejected"] += 1
             return self._drop(f"{src} broke the transfer: {exc}", now)
-        t.last_progress = now
+        t.last_progress, t.retried = now, False
         t.requested.discard(msg.offset)
         self.stats["chunks"] += 1
         self.stats["bytes"] += int(msg.data.size)
@@ -245,15 +268,19 @@ class StateJoiner:
             return []
         return self._request_more()
 
+    def _capture_fields(self, t: _Transfer, msg: SyncChunk) -> None:
+        """The first word about the capture (CAPTURED, or the first chunk) fixes it."""
+        if msg.model_key != self.model_key:
+            raise RemoteProtocolError("wrong_model", f"state of {msg.model_key!r}, we train {self.model_key!r}")
+        if msg.total > self.max_bytes:
+            raise RemoteProtocolError("oversized", f"state of {msg.total} bytes, at most {self.max_bytes} expected")
+        if msg.step <= self.own_step:
+            raise RemoteProtocolError("bad_value", f"state of step {msg.step}, ours is {self.own_step}")
+        t.total, t.snapshot, t.step = msg.total, msg.snapshot, msg.step
+
     def _check(self, t: _Transfer, msg: SyncChunk) -> None:
-        if t.total < 0:  # the first chunk fixes the capture
-            if msg.model_key != self.model_key:
-                raise RemoteProtocolError("wrong_model", f"state of {msg.model_key!r}, we train {self.model_key!r}")
-            if msg.total > self.max_bytes:
-                raise RemoteProtocolError("oversized", f"state of {msg.total} bytes, at most {self.max_bytes} expected")
-            if msg.step <= self.own_step:
-                raise RemoteProtocolError("bad_value", f"state of step {msg.step}, ours is {self.own_step}")
-            t.total, t.snapshot, t.step = msg.total, msg.snapshot, msg.step
+        if t.total < 0:
+            self._capture_fields(t, msg)
         elif (msg.snapshot, msg.total, msg.step) != (t.snapshot, t.total, t.step):
             raise RemoteProtocolError("bad_value", "a chunk of another capture within one transfer")
         expected = min(t.chunk, t.total - msg.offset)

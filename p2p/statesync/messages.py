@@ -24,8 +24,9 @@ import numpy as np
 from p2p.wire import message
 
 # SyncChunk.status: served; the donor serves enough joiners; no such transfer; the donor is
-# capturing the state (sent at once on a transfer's first request, the bytes follow)
-OK, BUSY, UNKNOWN, PREPARING = 0, 1, 2, 3
+# capturing the state (sent at once on a transfer's first request); the capture is ready (its
+# size, step and id, no data: a small message, so it does not wait behind the bytes)
+OK, BUSY, UNKNOWN, PREPARING, CAPTURED = 0, 1, 2, 3, 4
 MAX_MEMBERS = 64  # addresses an offer lists
 MAX_CHUNK = 64 << 20
 PACED_CHUNK_S = 0.25  # a paced donor asks for chunks it sends in about this long
@@ -111,7 +112,7 @@ class SyncChunk:
     data: np.ndarray  # uint8, bytes [offset, offset + len(data))
 
     def __post_init__(self) -> None:
-        if self.status not in (OK, BUSY, UNKNOWN, PREPARING) or self.total < 0 or self.offset < 0 or self.step < 0:
+        if self.status not in (OK, BUSY, UNKNOWN, PREPARING, CAPTURED) or min(self.total, self.offset, self.step) < 0:
             raise ValueError("bad status, total, offset or step")
         if self.data.dtype != np.uint8 or self.data.ndim != 1 or self.offset + self.data.size > self.total:
             raise ValueError("data must be uint8 bytes inside [0, total)")
