@@ -65,6 +65,7 @@ class SwarmConfig:
     state_sync: bool = True  # a joiner downloads the swarm's state from a live member before its first step
     sync_optimizer: bool = True  # ... and asks for the donor's optimizer state too (Adam's moments: a smooth start)
     sync: SyncConfig = SyncConfig()  # how state sync moves the bytes (timeouts, pacing)
+    metrics: Optional[str] = None  # HOST:PORT to serve /metrics (Prometheus), / (a status page) and /healthz on
     checkpoint_dir: Optional[str] = None  # write checkpoints here, and resume from the newest one
     checkpoint_every_s: float = 60.0  # seconds between checkpoints (and one at a clean stop)
     keep_checkpoints: int = 2  # checkpoint files kept
@@ -233,6 +234,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "State sync: give up a donor that sends nothing for this many seconds, try the next."),
     Setting("sync_max_mbit", "sync", "max_rate_bps", lambda v: float(_number(v)) * 1e6 / 8,
             "Serve joiners at most this many Mbit/s (default: as fast as the link)."),
+    Setting("metrics", "swarm", "metrics", _listen,
+            "HOST:PORT to serve Prometheus metrics (/metrics), a status page (/) and /healthz on (port 0: any free one)."),
     Setting("checkpoint_dir", "swarm", "checkpoint_dir", _directory,
             "Write checkpoints to this directory and resume from the newest one found there."),
     Setting("checkpoint_every", "swarm", "checkpoint_every_s", lambda v: float(_number(v)),

@@ -26,7 +26,9 @@ def one_error_line(lines):
 
 @pytest.mark.parametrize("args, needle", [
     (["--listen", "127.0.0.1:7000", "--bogus"], "No such option: --bogus"),
-    (["--join", "127.0.0.1:7001"], "Missing option '--listen'"),
+    (["--join", "127.0.0.1:7001"], "--listen HOST:PORT is required"),
+    (["--listen", "127.0.0.1:7000", "--log-format", "xml"], "--log-format: unknown value 'xml'"),
+    (["--listen", "127.0.0.1:7000", "--metrics", "nohost"], "--metrics: address 'nohost'"),
     (["--listen", "127.0.0.1"], "--listen"),
     (["--listen", "127.0.0.1:99999"], "port must be 1..65535"),
     (["--listen", "127.0.0.1:65535"], "no room for the bulk port"),

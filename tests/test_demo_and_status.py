@@ -19,7 +19,8 @@ def test_demo_json_summary_matches_the_reference(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout)  # stdout holds exactly one JSON object
     assert set(summary) == {"peers", "consensus_distance", "reference_accuracy", "wall_s",
-                            "algorithm", "topology", "task"}
+                            "algorithm", "topology", "task", "metrics"}
+    assert summary["metrics"] is None  # no --keep-logs: the run's directory is gone
     assert summary["task"] == "synthetic" and summary["algorithm"] == "adpsgd"
     assert len(summary["peers"]) == 3
     for peer in summary["peers"]:

@@ -112,6 +112,22 @@ def test_a_member_that_answers_under_another_name_than_the_one_we_asked_is_a_don
     assert j.phase == DONE and j.outcome.donor == "127.0.0.1:7000" and j.outcome.step == 50
 
 
+def test_silence_is_not_nothing_fresher_the_joiner_asks_again():
+    """A member answers late (its socket to our restarted address is still reconnecting): the
+    joiner must not conclude that nobody is fresher and keep its older checkpoint."""
+    d = Donor("a:1", step=500)
+    net = Net(joiner(["a:1"], own_step=100, config=SyncConfig(chunk_bytes=1000, query_timeout_s=1.0)), [d], None)
+    net.down.add("joiner")  # its answers go nowhere at first
+    net.deliver("joiner", net.joiner.start(0.0))
+    for now in (1.1, 2.2, 3.3):  # query timeouts pass without an answer
+        net.now = now
+        net.deliver("joiner", net.joiner.tick(now))
+        assert net.joiner.phase != DONE
+    net.down.clear()
+    j = net.run(until=30)
+    assert j.phase == DONE and j.outcome.step == 500
+
+
 def test_nothing_fresher_means_keep_our_own():
     j = Net(joiner(["a:1"], own_step=800), [Donor("a:1", step=800)], None).run()
     assert j.phase == DONE and j.outcome.data is None

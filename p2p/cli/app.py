@@ -18,6 +18,7 @@ from p2p.cli.demo import demo
 from p2p.cli.errors import CliError
 from p2p.cli.export import export
 from p2p.cli.lab import lab_app
+from p2p.cli.plot import plot
 from p2p.cli.simulate import simulate
 from p2p.cli.start import start
 from p2p.cli.status import status
@@ -33,6 +34,7 @@ app.command()(start)
 app.command()(status)
 app.command()(demo)
 app.command()(export)
+app.command()(plot)
 app.command("simulate", help="Run membership (or, with --algorithm, averaging) in the deterministic simulator.")(simulate)
 app.add_typer(lab_app, name="lab", help="A shaped-network lab: one network namespace per peer (needs root).")
 

@@ -24,7 +24,7 @@ def demo(
     as_json: bool = typer.Option(False, "--json", help="Print only the summary, as one JSON object, on stdout."),
     base_port: int = typer.Option(0, help="First port to use; peers take every other port, each also using the next one for large messages (0: pick free ports)."),
     live: bool = typer.Option(True, help="Show the live view on stderr."),
-    keep_logs: Optional[str] = typer.Option(None, help="Directory to keep the peers' logs in."),
+    keep_logs: Optional[str] = typer.Option(None, help="Directory to keep the peers' logs and the run's metrics.jsonl in (p2p plot DIR draws them)."),
 ) -> None:
     """Run a swarm of peers on this machine and report how close they get to one process."""
     from p2p.harness.demo import DemoConfig, DemoError, run_demo

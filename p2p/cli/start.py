@@ -4,17 +4,21 @@ Its swarm flags are the settings of ``p2p.config`` (``--diloco-inner-steps`` is 
 ``diloco_inner_steps``, the keyword ``p2p.Swarm`` takes): the flags are mapped onto the same
 ``SwarmConfig`` and checked by the same code, so an error names the flag to fix. A flag left out
 keeps the library's default; the daemon's own flags (task, shard, steps, precision ...) build
-the ``NodeConfig`` around it.
+the ``NodeConfig`` around it. Every flag can also come from ``--config FILE`` (TOML) or a
+``P2P_*`` environment variable (p2p/cli/sources.py: flags > environment > file > defaults).
 """
 
 from __future__ import annotations
 
-import logging
+import os
+import typing
 from typing import List, Optional
 
 import typer
 
 from p2p.cli.errors import CliError, positive
+from p2p.cli.logs import configure_logging
+from p2p.cli.sources import merge
 from p2p.config import SETTINGS, SettingError, swarm_config
 
 # Flags whose name is not the setting's with dashes.
@@ -30,18 +34,25 @@ def _opt(setting: str, default=None, *flags: str, **kw):
     return typer.Option(default, *(flags or (flag_of(setting),)), help=SETTINGS[setting].help, **kw)
 
 
+# The daemon's defaults, applied after the flags, the environment and the config file.
+DAEMON_DEFAULTS = {"linger": 10.0, "task": "synthetic", "device": "auto", "precision": "fp32", "shard": "0/1",
+                   "eval_every": 2.0, "log_every": 2.0, "threads": 0, "slowdown": 1.0, "log_level": "warning",
+                   "log_format": "text"}
+
+
 def start(
-    listen: str = _opt("listen", ...),
+    config: Optional[str] = typer.Option(None, "--config", help="TOML file of settings (keys: these flags with underscores; or P2P_CONFIG)."),
+    listen: Optional[str] = _opt("listen"),
     join: List[str] = _opt("join", []),
     advertise: Optional[str] = _opt("advertise"),
     node_id: Optional[str] = _opt("node_id"),
     seed: Optional[int] = _opt("seed"),
     join_timeout: Optional[float] = _opt("join_timeout"),
     min_members: Optional[int] = _opt("min_members"),
-    linger: Optional[float] = _opt("linger", 10.0),
+    linger: Optional[float] = _opt("linger"),
     algorithm: Optional[str] = _opt("algorithm"),
     topology: Optional[str] = _opt("topology"),
-    membership: str = _opt("membership", "lan"),
+    membership: Optional[str] = _opt("membership"),
     avg_interval: Optional[float] = _opt("avg_interval"),
     exchange_timeout: Optional[float] = _opt("exchange_timeout"),
     round_timeout: Optional[float] = _opt("round_timeout"),
@@ -65,55 +76,67 @@ def start(
     sync_optimizer: Optional[bool] = _opt("sync_optimizer", None, "--sync-optimizer/--no-sync-optimizer"),
     sync_timeout: Optional[float] = _opt("sync_timeout"),
     sync_max_mbit: Optional[float] = _opt("sync_max_mbit"),
+    metrics: Optional[str] = _opt("metrics"),
     checkpoint_dir: Optional[str] = _opt("checkpoint_dir"),
     checkpoint_every: Optional[float] = _opt("checkpoint_every"),
     keep_checkpoints: Optional[int] = _opt("keep_checkpoints"),
-    task: str = typer.Option("synthetic", help="Built-in task name or MODULE:ATTR."),
-    device: str = typer.Option("auto", help="auto (CUDA when there is a GPU), cpu, cuda or cuda:N."),
-    precision: str = typer.Option("fp32", help="fp32, bf16 or fp16: autocast the forward pass (fp16 with a GradScaler)."),
+    task: Optional[str] = typer.Option(None, help="Built-in task name or MODULE:ATTR (default: synthetic)."),
+    device: Optional[str] = typer.Option(None, help="auto (default: CUDA when there is a GPU), cpu, cuda or cuda:N."),
+    precision: Optional[str] = typer.Option(None, help="fp32 (default), bf16 or fp16: autocast the forward pass (fp16 with a GradScaler)."),
     data_dir: Optional[str] = typer.Option(None, help="Directory the task reads its data from, if it takes one."),
-    shard: str = typer.Option("0/1", help="This peer's data shard I/N (0/1: sample all data)."),
+    shard: Optional[str] = typer.Option(None, help="This peer's data shard I/N (default 0/1: sample all data)."),
     steps: Optional[int] = typer.Option(None, help="Train this many steps, linger, then exit."),
     duration: Optional[float] = typer.Option(None, help="Train this many seconds, linger, then exit."),
-    eval_every: float = typer.Option(2.0, help="Seconds between held-out evaluations."),
-    log_every: float = typer.Option(2.0, help="Seconds between progress lines (0: none)."),
-    threads: int = typer.Option(0, help="torch CPU threads (0: torch's default)."),
-    slowdown: float = typer.Option(1.0, hidden=True, help="Test-only: make each step this many times slower."),
-    log_level: str = typer.Option("warning", help="debug, info, warning or error."),
+    eval_every: Optional[float] = typer.Option(None, help="Seconds between held-out evaluations (default 2)."),
+    log_every: Optional[float] = typer.Option(None, help="Seconds between progress lines (default 2; 0: none)."),
+    threads: Optional[int] = typer.Option(None, help="torch CPU threads (default 0: torch's default)."),
+    slowdown: Optional[float] = typer.Option(None, hidden=True, help="Test-only: make each step this many times slower."),
+    log_level: Optional[str] = typer.Option(None, help="debug, info, warning (default) or error."),
+    log_format: Optional[str] = typer.Option(None, help="text (default) or json: progress lines and events as JSON lines."),
 ) -> None:
     """Run one node in the foreground until SIGINT/SIGTERM (or --steps/--duration)."""
-    values = dict(locals())
-    settings = {name: values[name] for name in SETTINGS}
+    flags = {k: v for k, v in locals().items() if k != "config"}
+    sources = merge(flags, typing.get_type_hints(start), config or os.environ.get("P2P_CONFIG"))
+    values = {**DAEMON_DEFAULTS, **sources.values}
+    if values.get("listen") is None:
+        raise CliError("--listen HOST:PORT is required (a flag, `listen` in --config, or P2P_LISTEN)")
+    settings = {name: values.get(name) for name in SETTINGS}
     try:
         swarm = swarm_config(**settings)
     except SettingError as exc:
-        raise CliError(f"{flag_of(exc.setting)}: {exc.problem}") from None
+        raise CliError(f"{sources.where(exc.setting, flag_of(exc.setting))}: {exc.problem}") from None
+    task, device, precision, data_dir, shard = (values.get(k) for k in ("task", "device", "precision", "data_dir", "shard"))
+    steps, duration, eval_every, log_every = (values.get(k) for k in ("steps", "duration", "eval_every", "log_every"))
+    threads, slowdown, log_level, log_format = (values[k] for k in ("threads", "slowdown", "log_level", "log_format"))
     from p2p.training.task import Shard, TaskError, load_task
     from p2p.training.trainer import PRECISIONS
+
+    def where(name: str) -> str:
+        return sources.where(name, flag_of(name))
 
     try:
         shard_value = Shard.parse(shard)
     except ValueError as exc:
-        raise CliError(f"--shard: {exc}") from None
+        raise CliError(f"{where('shard')}: {exc}") from None
     if steps is not None and steps < 1:
-        raise CliError(f"--steps must be >= 1, got {steps}")
-    positive("--duration", duration)
-    positive("--eval-every", eval_every)
-    positive("--log-every", log_every, allow_zero=True)
-    if precision not in PRECISIONS:
-        raise CliError(f"--precision: unknown value {precision!r} (choose from {', '.join(PRECISIONS)})")
+        raise CliError(f"{where('steps')} must be >= 1, got {steps}")
+    positive(where("duration"), duration)
+    positive(where("eval_every"), eval_every)
+    positive(where("log_every"), log_every, allow_zero=True)
+    for name, value, choices in (("precision", precision, tuple(PRECISIONS)), ("log_format", log_format, ("text", "json")),
+                                 ("log_level", log_level.lower(), ("debug", "info", "warning", "error"))):
+        if value not in choices:
+            raise CliError(f"{where(name)}: unknown value {value!r} (choose from {', '.join(choices)})")
     if slowdown < 1.0:
-        raise CliError(f"--slowdown must be >= 1, got {slowdown:g}")
-    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise CliError(f"--log-level: unknown level {log_level!r}")
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        raise CliError(f"{where('slowdown')} must be >= 1, got {slowdown:g}")
+    configure_logging(log_level, log_format)
     try:
         task_obj = load_task(task)
     except TaskError as exc:
         raise CliError(str(exc)) from None
     if data_dir is not None:
         if not hasattr(task_obj, "data_dir"):
-            raise CliError(f"--data-dir: task {task!r} reads no data directory")
+            raise CliError(f"{where('data_dir')}: task {task!r} reads no data directory")
         task_obj.data_dir = data_dir
 
     import torch
@@ -122,11 +145,11 @@ def start(
 
     if threads:
         torch.set_num_threads(threads)
-    config = NodeConfig(swarm=swarm, task=task, shard=shard_value, device=device, precision=precision,
-                        steps=steps, duration_s=duration, eval_every_s=eval_every, log_every_s=log_every,
-                        slowdown=slowdown)
+    node_config = NodeConfig(swarm=swarm, task=task, shard=shard_value, device=device, precision=precision,
+                             steps=steps, duration_s=duration, eval_every_s=eval_every, log_every_s=log_every,
+                             slowdown=slowdown, log_format=log_format)
     try:
-        node = Node(config, task_obj, print_line=lambda line: print(line, flush=True))
+        node = Node(node_config, task_obj, print_line=lambda line: print(line, flush=True))
     except ValueError as exc:  # e.g. --device cuda without CUDA, a model with integer parameters
         raise CliError(str(exc)) from None
     try:

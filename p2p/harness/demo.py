@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 import time
@@ -83,14 +84,16 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     per_peer = [["--shard", f"{i}/{config.peers}"] for i in range(config.peers)]
     swarm = LocalSwarm(config.peers, log_dir, node_args, ports=ports, per_peer_args=per_peer)
     view = LiveView(config.live, config.peers)
+    metrics = MetricsLog(log_dir / "metrics.jsonl")
     try:
         swarm.start()
-        statuses, distance = _watch(swarm, config, steps, view)
+        statuses, distance = _watch(swarm, config, steps, view, metrics)
         distance, finals = _settle(swarm, config, view, statuses)
         statuses = [swarm.status(i, timeout_s=2.0) or statuses[i] for i in range(config.peers)]
     finally:
         codes = swarm.stop()
         view.close()
+        metrics.close()
         if tmp is not None:
             tmp.cleanup()
     bad = [(i, c) for i, c in enumerate(codes) if c not in (0, None)]
@@ -107,7 +110,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
                           "bytes_received": s["bytes_received"]})
     summary = {"peers": peers_out, "consensus_distance": distance, "reference_accuracy": reference,
                "wall_s": time.monotonic() - started, "algorithm": config.algorithm,
-               "topology": config.topology, "task": config.task}
+               "topology": config.topology, "task": config.task,
+               "metrics": str(log_dir / "metrics.jsonl") if config.log_dir is not None else None}
     view.summary(summary)
     return summary
 
@@ -120,7 +124,29 @@ def _fail_if_dead(swarm: LocalSwarm, started: bool) -> None:
                             f"{' before answering' if not started else ''}: {swarm.log_tail(i, 3)}")
 
 
-def _watch(swarm: LocalSwarm, config: DemoConfig, steps: Optional[int], view: LiveView):
+class MetricsLog:
+    """The run's samples, one JSON object per line (``p2p plot`` draws them): seconds since the
+    start, the peer, its step, loss, accuracy and bytes, and the swarm's consensus distance."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.started = path, time.monotonic()
+        self._file = open(path, "a", encoding="utf-8")
+
+    def write(self, statuses: list, distance: float) -> None:
+        t = round(time.monotonic() - self.started, 3)
+        for s in statuses:
+            if s is not None:
+                row = {"t": t, "peer": s["id"], "step": s["step"], "loss": s["loss"], "accuracy": s["accuracy"],
+                       "bytes_sent": s["bytes_sent"], "bytes_received": s["bytes_received"], "consensus": distance}
+                self._file.write(json.dumps({k: (None if isinstance(v, float) and v != v else v)
+                                             for k, v in row.items()}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _watch(swarm: LocalSwarm, config: DemoConfig, steps: Optional[int], view: LiveView, metrics: MetricsLog):
     """Poll until every peer has finished training. Returns last statuses and distance."""
     deadline = time.monotonic() + config.start_timeout_s
     statuses: list[Optional[dict]] = [None] * config.peers
@@ -139,6 +165,7 @@ def _watch(swarm: LocalSwarm, config: DemoConfig, steps: Optional[int], view: Li
                 distance = consensus_distance(params)
             last_params = time.monotonic()
         view.update(statuses, distance)
+        metrics.write(statuses, distance)
         if all(s and s["phase"] in ("lingering", "stopping", "stopped") for s in statuses):
             return statuses, distance
         time.sleep(0.25)

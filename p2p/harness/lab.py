@@ -253,6 +253,21 @@ class Lab:
             if self.rate_bps is not None:
                 self._shape(None, host)
                 self._shape(ns, self.ns_if)
+        self._allow_forwarding()
+
+    def _forward_rule(self) -> list[str]:
+        return ["FORWARD", "-i", self.bridge, "-o", self.bridge, "-m", "comment", "--comment",
+                f"p2p lab {self.prefix}", "-j", "ACCEPT"]
+
+    def _allow_forwarding(self) -> None:
+        """Traffic between the peers crosses the bridge, which the kernel passes through the
+        iptables FORWARD chain once br_netfilter is loaded; a Docker engine loads it and sets
+        that chain's policy to DROP, which silently cuts the lab. So the lab allows its own
+        bridge (as Docker does for docker0) and removes the rule with the lab."""
+        if shutil.which("iptables") is None:
+            return  # no iptables here: nothing filters the bridge
+        if _run(["iptables", "-C", *self._forward_rule()], check=False).returncode != 0:
+            _run(["iptables", "-I", *self._forward_rule()], what="allowing the lab's bridge in iptables")
 
     def _shape(self, ns: Optional[str], dev: str) -> None:
         burst, limit = tbf_params(self.rate_bps)
@@ -278,6 +293,9 @@ class Lab:
         for name in _links():
             if pattern.match(name):
                 _run(["ip", "link", "del", name], check=False)
+        if shutil.which("iptables") is not None:
+            while _run(["iptables", "-D", *self._forward_rule()], check=False).returncode == 0:
+                pass  # every copy of our rule (an earlier lab that crashed may have left one)
 
     def __enter__(self) -> "Lab":
         return self.up()

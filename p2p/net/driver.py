@@ -11,6 +11,7 @@ Other threads never touch the Peer: they ask the network thread to run a query f
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 import zmq
 
 from p2p.net.control import ModelReply, ModelRequest, StateReply, StateRequest, StatusReply, StatusRequest
+from p2p.events import event
 from p2p.peer import Peer
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.net.transport import Incoming, Transport
@@ -69,6 +71,8 @@ class NetworkDriver:
         self.stop_requested = threading.Event()
         self.finished = threading.Event()
         self.error: BaseException | None = None
+        self.last_turn = time.monotonic()  # when the loop last went round (-inf once it ended): health
+        self.received_from: Counter[str] = Counter()  # bytes of decoded messages, by sender address
         self._next_housekeeping = 0.0
         self._thread = threading.Thread(target=self._run, name="p2p-network", daemon=True)
 
@@ -143,6 +147,7 @@ class NetworkDriver:
             log.exception("network loop failed")
             self.error = exc
         finally:
+            self.last_turn = -math.inf
             self.finished.set()
             if self.hooks is not None:
                 self.hooks.release()  # a trainer waiting at a gate goes on (and sees the error) now
@@ -151,7 +156,7 @@ class NetworkDriver:
     def _loop(self) -> None:
         shutdown_deadline = None
         while True:
-            now = time.monotonic()
+            now = self.last_turn = time.monotonic()
             if self.stop_requested.is_set():
                 if shutdown_deadline is None:
                     shutdown_deadline = now + self.shutdown_grace_s
@@ -182,6 +187,7 @@ class NetworkDriver:
             if incoming.error is not None:
                 raise incoming.error
             src, msg = decode(incoming.frames, incoming.limits(self.limits))
+            self.received_from[src] += sum(_frame_bytes(f) for f in incoming.frames)
             if isinstance(msg, StatusRequest):
                 self.transport.reply(incoming.identity, encode(StatusReply(self.status_info()), self.advertise))
                 return
@@ -196,7 +202,8 @@ class NetworkDriver:
             self.rejected[exc.reason] += 1
             total = sum(self.rejected.values())
             if total <= 20 or total % 100 == 0:  # keep logs readable under a flood
-                log.warning("rejected message (%s), %d rejected so far", exc, total)
+                event("rejected", f"rejected message ({exc}), {total} rejected so far", logging.WARNING,
+                      reason=exc.reason, detail=exc.detail, total=total)
             return
         self._send_all(sends)
 
@@ -204,3 +211,7 @@ class NetworkDriver:
         now = time.monotonic()
         for s in sends:
             self.transport.send(s.to, encode(s.msg, self.advertise), now)
+
+
+def _frame_bytes(frame: object) -> int:
+    return frame.nbytes if isinstance(frame, memoryview) else len(frame)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import errno
 import itertools
 import socket
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional, Union
 
@@ -162,6 +162,7 @@ class Transport:
         self.transfers_abandoned = 0
         self.connections_refused = 0  # inbound bulk connections beyond ``max_connections``
         self.streams_closed_by_peer = 0  # idle outgoing streams the receiver closed (it died, restarted)
+        self.sent_to: Counter[str] = Counter()  # bytes of messages accepted for sending, by address
 
     # -- sockets --------------------------------------------------------------------------
     def _socket(self, addr: str) -> zmq.Socket:
@@ -184,7 +185,10 @@ class Transport:
         size = sum(_nbytes(f) for f in frames)
         try:
             if len(frames) > 1 and size >= self.config.bulk.threshold_bytes:
-                return self._send_bulk(addr, frames, now)
+                queued = self._send_bulk(addr, frames, now)
+                if queued:
+                    self.sent_to[addr] += size
+                return queued
             sock = self._socket(addr)
             sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -195,6 +199,7 @@ class Transport:
             return False
         self.messages_sent += 1
         self.bytes_sent += size
+        self.sent_to[addr] += size
         return True
 
     def _send_bulk(self, addr: str, frames: list, now: float) -> bool:

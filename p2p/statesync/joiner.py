@@ -177,23 +177,20 @@ class StateJoiner:
     def _choose(self, now: float) -> list[Send]:
         candidates = {a: o for a, o in self._offers.items() if a not in self._failed and a not in self._excluded}
         if not candidates:
+            if not self._answered and not self._failed and now < self.deadline:
+                # Nobody answered yet: a socket still reconnecting to our address (we restarted),
+                # a member still starting. Silence is not "nobody is fresher": ask again.
+                self.error = "no member answered yet"
+                return self._ask_again(now)
             if not self._offers and not self._failed:
-                self.phase, self.outcome = DONE, SyncOutcome(None)  # nobody fresher: keep ours
+                self.phase, self.outcome = DONE, SyncOutcome(None)  # nobody fresher (or nobody at all): keep ours
                 return []
             if now >= self.deadline:
                 self.phase, self.error = FAILED, self.error or "no member could serve its state"
                 return []
             # Everyone failed once: ask again after a pause (members come back, a busy one frees
             # up; a donor that breaks the rules at once must not make us spin).
-            self._failed.clear()
-            self._asked.clear()
-            self._answered = set()
-            self._queries = 0
-            self._offers.clear()
-            self._query_until = math.inf
-            self._reask_at = now + self.config.query_timeout_s
-            self.phase = QUERYING
-            return []
+            return self._ask_again(now)
         best = max(o.step for o in candidates.values())
         good = [a for a, o in candidates.items() if o.step >= best - self.config.step_slack]
 
@@ -207,6 +204,18 @@ class StateJoiner:
         self._transfer = _Transfer(donor, self.rng.getrandbits(62), chunk, last_progress=now)
         self.phase = TRANSFERRING
         return self._request_more()
+
+    def _ask_again(self, now: float) -> list[Send]:
+        """Forget this round of asking and start another after a pause (tick)."""
+        self._failed.clear()
+        self._asked.clear()
+        self._answered = set()
+        self._queries = 0
+        self._offers.clear()
+        self._query_until = math.inf
+        self._reask_at = now + self.config.query_timeout_s
+        self.phase = QUERYING
+        return []
 
     # -- transferring -----------------------------------------------------------------------------
     def _request_more(self) -> list[Send]:

@@ -18,6 +18,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -39,6 +40,7 @@ class CheckpointStore:
         self._writer: Optional[threading.Thread] = None
         self.last_error: Optional[str] = None  # the last background write that failed
         self.written = 0
+        self.write_s: Optional[float] = None  # how long the last write took
         for stale in self.directory.glob(".ckpt-*.tmp") if self.directory.is_dir() else ():
             stale.unlink(missing_ok=True)  # a write a crash interrupted: never renamed, never read
 
@@ -52,6 +54,7 @@ class CheckpointStore:
     # -- writing ------------------------------------------------------------------------------
     def save(self, state: TrainingState) -> Path:
         """Write ``state`` atomically and prune to the last ``keep``; returns the path."""
+        started = time.monotonic()
         self.directory.mkdir(parents=True, exist_ok=True)
         final = self.directory / f"ckpt-{state.step:012d}.pt"
         fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=self.directory)
@@ -67,6 +70,7 @@ class CheckpointStore:
         _fsync_dir(self.directory)
         for old in self.paths()[self.keep:]:
             old.unlink(missing_ok=True)
+        self.write_s = time.monotonic() - started
         self.written += 1
         return final
 

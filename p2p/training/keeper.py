@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from p2p.events import event
 from p2p.training.checkpoints import CheckpointStore
 from p2p.training.flat import FlatParams
 from p2p.training.state import StateError, TrainingState, check_model, check_optimizer, cpu_copy, finite
@@ -122,7 +123,7 @@ class StateKeeper:
         self.apply(state)
         self.restored_from = str(path)
         self.last_checkpoint_step = state.step
-        log.warning("resumed from %s (step %d)", path, state.step)
+        event("resumed", f"resumed from {path} (step {state.step})", logging.WARNING, path=str(path), step=state.step)
         return state
 
     def due(self, now: float) -> bool:
@@ -144,10 +145,12 @@ class StateKeeper:
         elif not self.store.save_in_background(state):
             return  # the previous write is still going: this one is skipped
         self.last_checkpoint_step = state.step
+        event("checkpoint", f"checkpoint at step {state.step} in {self.store.directory}", step=state.step,
+              directory=str(self.store.directory))
 
     def status(self) -> dict:
         if self.store is None:
             return {}
         return {"dir": str(self.store.directory), "last_step": self.last_checkpoint_step,
-                "written": self.store.written, "restored_from": self.restored_from,
+                "written": self.store.written, "write_s": self.store.write_s, "restored_from": self.restored_from,
                 "skipped": list(self.store.skipped), "error": self.store.last_error}

@@ -16,6 +16,7 @@ building the model (dropout and the like differ per peer, reproducibly); a user'
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -44,10 +45,16 @@ class NodeConfig:
     eval_every_s: float = 2.0  # held-out evaluation period
     log_every_s: float = 2.0  # progress line period (0: none)
     slowdown: float = 1.0  # test-only straggler knob: each step takes this many times longer
+    log_format: str = "text"  # text | json: progress lines for people, or one JSON object each
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r}: choose from {', '.join(PRECISIONS)}")
+
+
+def _number(value: float) -> Optional[float]:
+    """JSON has no NaN: a value not measured yet is null."""
+    return None if value != value else value
 
 
 def resolve_device(name: str) -> torch.device:
@@ -84,8 +91,13 @@ class Node:
         swarm.start()
         progress = threading.Thread(target=self._progress, name="p2p-progress", daemon=True)
         try:
-            self.print_line(f"node {swarm.id} listening on {swarm.address}, task {cfg.task}, device {self.device}, "
-                            f"{swarm.flat.numel} parameters, joining {', '.join(cfg.swarm.join) or '(first member)'}")
+            if cfg.log_format == "json":
+                self.print_line(json.dumps({"event": "started", "time": time.time(), "id": swarm.id, "addr": swarm.address,
+                                            "task": cfg.task, "device": str(self.device), "parameters": swarm.flat.numel,
+                                            "join": list(cfg.swarm.join)}))
+            else:
+                self.print_line(f"node {swarm.id} listening on {swarm.address}, task {cfg.task}, device {self.device}, "
+                                f"{swarm.flat.numel} parameters, joining {', '.join(cfg.swarm.join) or '(first member)'}")
             seed = peer_seed(cfg.swarm.seed, swarm.id)
             torch.manual_seed(seed)  # the daemon's process: per-peer randomness from here on
             self.loop = TrainingLoop(self.task, self.model, self.optimizer, self.task.train_batches(cfg.shard, seed),
@@ -97,7 +109,11 @@ class Node:
                 self.loop.evaluate()  # where the run picks up, before any step of this process
                 where = (f"the swarm's state from {swarm.synced.donor}" if swarm.synced
                          else f"checkpoint {swarm.resumed_from}")
-                self.print_line(f"resumed at step {swarm.step} from {where}: accuracy {self.loop.state.accuracy:.4f}")
+                if self.config.log_format == "json":
+                    self.print_line(json.dumps({"event": "resumed", "time": time.time(), "step": swarm.step,
+                                                "source": where, "accuracy": self.loop.state.accuracy}))
+                else:
+                    self.print_line(f"resumed at step {swarm.step} from {where}: accuracy {self.loop.state.accuracy:.4f}")
             progress.start()
             self.loop.run(swarm.stop_event, cfg.steps, cfg.duration_s)
             bounded = cfg.steps is not None or cfg.duration_s is not None
@@ -136,6 +152,15 @@ class Node:
     def _progress_line(self, final: bool = False) -> str:
         s = self.swarm.status()
         avg, bw = s.get("averaging", {}), s.get("bandwidth", {})
+        if self.config.log_format == "json":
+            return json.dumps({
+                "event": "done" if final else "progress", "time": time.time(), "phase": s["phase"], "step": s["step"],
+                "loss": _number(s["loss"]), "accuracy": _number(s["accuracy"]), "steps_per_s": s["steps_per_s"],
+                "neighbours": len(s.get("neighbours", ())), "exchanges_completed": avg.get("exchanges_completed", 0),
+                "exchanges_started": avg.get("exchanges_started", 0), "bytes_sent": s.get("bytes_sent", 0),
+                "bytes_received": s.get("bytes_received", 0), "codec": bw.get("codec"),
+                "pause_s": bw.get("interval_s"), "rejected": sum(s.get("rejected", {}).values()),
+                "consensus": s.get("consensus")})
         return (f"{'done' if final else s['phase']:9s} step {s['step']:6d}  loss {s['loss']:.4f}  "
                 f"acc {s['accuracy']:.4f}  {s['steps_per_s']:6.1f} step/s  "
                 f"neighbours {len(s.get('neighbours', ()))}  exchanges {avg.get('exchanges_completed', 0)}"

@@ -51,7 +51,9 @@ import torch
 
 from p2p.averaging.registry import make_averager
 from p2p.config import SettingError, SwarmConfig, swarm_config
+from p2p.events import event
 from p2p.gossip import Membership
+from p2p.gossip.messages import ALIVE, DEAD, LEFT, STATE_NAMES, SUSPECT
 from p2p.net.control import ModelReply, StateReply
 from p2p.net.driver import DriverBusy, DriverStopped, NetworkDriver
 from p2p.net.ports import advertised_address, bind_transport
@@ -128,6 +130,7 @@ class Swarm:
         self._keeper = StateKeeper(model, self.flat, self.model_key, store, cfg.checkpoint_every_s)
         self._servable = False  # holds state a joiner may take (restored, synced, or the first member)
         self._joiner: Optional[StateJoiner] = None
+        self._ops: Optional[Any] = None  # the metrics / status page / health endpoint (``metrics``)
         self.synced: Optional[Synced] = None  # what state sync brought (None: nothing fresher was found)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -169,6 +172,10 @@ class Swarm:
             raise
         self.phase = "joining"
         self._driver.start()
+        if cfg.metrics is not None:
+            from p2p.ops.http import OpsServer  # prometheus_client only when asked for
+
+            self._ops = OpsServer(cfg.metrics, self.status, lambda: self._driver.last_turn)
         if self.handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old_handlers[sig] = signal.signal(sig, lambda *_: self.stop())
@@ -184,6 +191,7 @@ class Swarm:
             raise
         self.phase = "training"
         self._started_at, self._steps_at_start = time.monotonic(), self._step
+        event("joined", f"{self.id} joined the swarm at {self.address}", id=self.id, addr=self.address, step=self._step)
         self._keeper.next_checkpoint = time.monotonic() + cfg.checkpoint_every_s
         return self
 
@@ -197,6 +205,7 @@ class Swarm:
         self.port = _ModelPort(self, self.flat, self.model_key)
         incarnation = int(restored.info.get("incarnation", -1)) + 1 if restored is not None else 0
         membership = Membership(cfg.membership, self.id, self.address, rng, now, incarnation=incarnation)
+        membership.on_change = lambda *change: _report_member_change(self.id, *change)
         averager = make_averager(cfg.algorithm, cfg.averaging, self.port, rng, now, options=cfg.options)
         if restored is not None:
             self._load_algorithm_state(averager, restored, "checkpoint")
@@ -238,8 +247,9 @@ class Swarm:
         if synced is None:
             return
         self.synced = synced
-        log.warning("took the swarm's state from %s: step %d, %.1f MB in %.2f s", synced.donor,
-                    synced.state.step, synced.nbytes / 1e6, synced.seconds)
+        event("state_sync", f"took the swarm's state from {synced.donor}: step {synced.state.step}, "
+              f"{synced.nbytes / 1e6:.1f} MB in {synced.seconds:.2f} s", logging.WARNING, donor=synced.donor,
+              step=synced.state.step, bytes=synced.nbytes, seconds=round(synced.seconds, 3))
 
     def stop(self) -> None:
         """Ask a loop that checks ``stop_requested`` to end (thread- and signal-safe)."""
@@ -293,6 +303,8 @@ class Swarm:
 
     def _shut_down(self) -> None:
         self.phase = "stopping"
+        if self._ops is not None:
+            self._ops.close()
         self._driver.stop(timeout_s=self.config.averaging.exchange_timeout_s + 2.0)
         self._status_now()  # the network thread is gone: keep its last view for status()
         self.hooks.close_trainer_side()
@@ -417,6 +429,8 @@ class Swarm:
             "uptime_s": round(now - self._started_at, 3),
             "bandwidth": self._bandwidth(), "gate_timeouts": self.hooks.gate_timeouts,
             "sync": self._sync_status(), "served": list(peer.donor.served), "checkpoint": self._keeper.status(),
+            "sent_to": dict(t.sent_to), "received_from": dict(self._driver.received_from),
+            "membership": dict(peer.membership.stats),
             **self._training_fields(),
         }
         self._cached_status = info
@@ -458,6 +472,19 @@ class Swarm:
     def _model_reply(self) -> ModelReply:
         state = self._keeper.capture_for_peer(lambda: self._step, self.config.algorithm, {}, with_optimizer=False)
         return ModelReply(state.step, self.model_key, to_bytes(state))
+
+
+_MEMBER_EVENTS = {ALIVE: "member_alive", SUSPECT: "member_suspect", DEAD: "member_dead", LEFT: "member_left"}
+
+
+def _report_member_change(me: str, member: str, old: Optional[int], old_inc: int, new: Optional[int],
+                          new_inc: int) -> None:
+    """Membership's table changes as events (network thread): joins, suspicions, deaths, leaves."""
+    if new is None or old == new or member == me:
+        return  # reaped, only the incarnation moved, or our own row
+    name = "member_joined" if old is None else _MEMBER_EVENTS[new]
+    event(name, f"member {member} {name[len('member_'):]} (incarnation {new_inc})", member=member,
+          incarnation=new_inc, was=None if old is None else STATE_NAMES[old])
 
 
 def _member_row(m: Any, now: float) -> dict[str, Any]:

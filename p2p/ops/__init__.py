@@ -1,0 +1,1 @@
+"""Operating a node: Prometheus metrics, the status page and health checks (``metrics``)."""

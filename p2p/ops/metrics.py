@@ -1,0 +1,96 @@
+"""A node's status as Prometheus metrics (``prometheus_client``'s families, never hand-written
+text): ``SwarmCollector`` turns one ``Swarm.status()`` into metric families on every scrape, so
+nothing is counted twice and a scrape always sees one consistent moment.
+
+Names follow Prometheus conventions: the ``p2p_`` prefix, base units (seconds, bytes), and
+``_total`` on counters (the client library appends it to counter families).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+STATES = ("alive", "suspect", "dead", "left")
+
+
+def _gauge(name: str, doc: str, value: Any) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=math.nan if value is None else float(value))
+
+
+class SwarmCollector(Collector):
+    def __init__(self, status: Callable[[], dict]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._status()
+        yield CounterMetricFamily("p2p_steps", "Optimizer steps taken (skipped AMP steps excluded)", value=s["step"])
+        yield _gauge("p2p_steps_per_second", "Steps per second since training started", s.get("steps_per_s"))
+        yield _gauge("p2p_loss", "Training loss (moving average, as reported)", s.get("loss"))
+        yield _gauge("p2p_accuracy", "Held-out accuracy (last evaluation, as reported)", s.get("accuracy"))
+        yield _gauge("p2p_uptime_seconds", "Seconds since the node started", s.get("uptime_s"))
+        yield InfoMetricFamily("p2p_node", "What this node runs", value={
+            "id": str(s.get("id")), "algorithm": str(s.get("algorithm")), "topology": str(s.get("topology")),
+            "codec": str((s.get("bandwidth") or {}).get("codec")), "phase": str(s.get("phase")),
+            "device": str(s.get("device"))})
+        yield from self._traffic(s)
+        yield from self._averaging(s)
+        yield from self._membership(s)
+        yield from self._keeping(s)
+
+    def _traffic(self, s: dict) -> Iterator[Metric]:
+        for direction, per_key, total_key in (("sent", "sent_to", "bytes_sent"), ("received", "received_from", "bytes_received")):
+            family = CounterMetricFamily(f"p2p_{direction}_bytes", f"Bytes of messages {direction}, by peer address",
+                                         labels=["peer"])
+            for peer, nbytes in sorted((s.get(per_key) or {}).items()):
+                family.add_metric([peer], nbytes)
+            yield family
+            yield CounterMetricFamily(f"p2p_transport_{direction}_bytes",
+                                      f"Bytes {direction} on every socket (clients and framing included)",
+                                      value=s.get(total_key, 0))
+        rejected = CounterMetricFamily("p2p_rejected_messages", "Messages from peers dropped, by reason", labels=["reason"])
+        for reason, count in sorted((s.get("rejected") or {}).items()):
+            rejected.add_metric([reason], count)
+        yield rejected
+        yield CounterMetricFamily("p2p_send_drops", "Messages not sent (queue full, no route)", value=s.get("send_drops", 0))
+        yield CounterMetricFamily("p2p_transfers_abandoned", "Large messages abandoned mid-way",
+                                  value=s.get("transfers_abandoned", 0))
+
+    def _averaging(self, s: dict) -> Iterator[Metric]:
+        avg = s.get("averaging") or {}
+        exchanges = CounterMetricFamily("p2p_exchanges", "Averaging exchanges (rounds), by outcome", labels=["outcome"])
+        started, completed = avg.get("exchanges_started", 0), avg.get("exchanges_completed", 0)
+        exchanges.add_metric(["started"], started)
+        exchanges.add_metric(["completed"], completed)
+        exchanges.add_metric(["abandoned"], avg.get("exchanges_timed_out", avg.get("rounds_partial", 0)))
+        yield exchanges
+        yield _gauge("p2p_consensus_estimate", "Relative distance to the partners' models at the last exchanges",
+                     s.get("consensus"))
+        yield _gauge("p2p_averaging_pause_seconds", "Pause between exchanges (bandwidth awareness)",
+                     (s.get("bandwidth") or {}).get("interval_s"))
+        yield _gauge("p2p_neighbours", "Neighbours this round", len(s.get("neighbours") or ()))
+        yield _gauge("p2p_gate_timeouts", "Steps that went on without the algorithm's go-ahead", s.get("gate_timeouts", 0))
+
+    def _membership(self, s: dict) -> Iterator[Metric]:
+        members = GaugeMetricFamily("p2p_members", "Members in this node's table, by state", labels=["state"])
+        rows = s.get("members") or []
+        for state in STATES:
+            members.add_metric([state], sum(1 for m in rows if m.get("state") == state))
+        yield members
+        events = CounterMetricFamily("p2p_membership_events", "Membership events this node saw, by kind", labels=["event"])
+        for name, count in sorted((s.get("membership") or {}).items()):
+            events.add_metric([name], count)
+        yield events
+
+    def _keeping(self, s: dict) -> Iterator[Metric]:
+        sync = s.get("sync") or {}
+        yield _gauge("p2p_state_sync_seconds", "Seconds the state sync took (NaN: none)", sync.get("seconds"))
+        yield _gauge("p2p_state_sync_bytes", "Bytes the state sync took (NaN: none)", sync.get("bytes"))
+        ckpt = s.get("checkpoint") or {}
+        yield CounterMetricFamily("p2p_checkpoints_written", "Checkpoints written", value=ckpt.get("written", 0))
+        yield _gauge("p2p_checkpoint_last_step", "Step of the last checkpoint (NaN: none)", ckpt.get("last_step"))
+        yield _gauge("p2p_checkpoint_write_seconds", "Seconds the last checkpoint took to write (NaN: none)",
+                     ckpt.get("write_s"))
