@@ -168,7 +168,11 @@ def test_the_demo_writes_its_metrics_and_p2p_plot_draws_them(tmp_path):
     assert code == 0, err
     assert json.loads(out)["metrics"] == str(run_dir / "metrics.jsonl")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert {r["peer"] for r in rows} == {s["id"] for s in json.loads(out)["peers"]} and len(rows) > 4
+    by_peer = {s["id"]: [r for r in rows if r["peer"] == s["id"]] for s in json.loads(out)["peers"]}
+    assert {r["peer"] for r in rows} == set(by_peer)
+    for samples in by_peer.values():  # a curve per peer that ends where training ended
+        assert len(samples) >= 2 and samples[-1]["step"] == 200 and samples[-1]["accuracy"] is not None
+        assert [r["t"] for r in samples] == sorted(r["t"] for r in samples)
     png = tmp_path / "curves.png"
     code, out, err = run("plot", str(run_dir), "--out", str(png))
     assert code == 0, err

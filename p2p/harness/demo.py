@@ -90,6 +90,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         statuses, distance = _watch(swarm, config, steps, view, metrics)
         distance, finals = _settle(swarm, config, view, statuses)
         statuses = [swarm.status(i, timeout_s=2.0) or statuses[i] for i in range(config.peers)]
+        metrics.write(statuses, distance)  # the settled end point, so even a short run has a curve
     finally:
         codes = swarm.stop()
         view.close()
