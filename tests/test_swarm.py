@@ -33,8 +33,9 @@ def test_three_peers_converge_to_one_accurate_model(tmp_path):
         assert consensus_distance(params) < 0.1 * scale  # close already while training
         wait_until(lambda: consensus_distance([swarm.params(i) for i in range(3)]) < 1e-4 * scale,
                    20, what="consensus distance below 1e-4 of the model norm")
-        final = wait_until(lambda: (s := statuses(swarm, range(3))) and all(x["accuracy"] > 0 for x in s) and s,
-                           30, what="final evaluations")
+        # an evaluation of the agreed model (one made before consensus can still be the latest)
+        final = wait_until(lambda: (s := statuses(swarm, range(3))) and all(x["accuracy"] >= 0.78 for x in s) and s,
+                           30, what="evaluations of the agreed model at 0.78 or better")
         for s in final:
             assert s["averaging"]["exchanges_completed"] >= 3  # every peer took part (consensus is asserted above)
             assert s["accuracy"] >= 0.78, s  # the task's single-process reference reaches ~0.83
