@@ -11,8 +11,8 @@ influence is bounded, and an honest one within tau_i passes unchanged. Their ada
 (Sec. 4, "adaptive choice of clipping radius") picks tau_i from the distances themselves so
 that only the farthest neighbours are clipped. We do the same with what a peer can see
 locally and cheaply: tau = ``factor`` x the median of the recent distances (a window of
-the exchanges not refused, plus the vectors of the round at hand: a minority of far ones cannot
-move a median), never below ``floor`` x our own norm (at consensus honest distances are ~0 and
+the exchanges not refused, clipped ones counted as tau, plus the vectors of the round at hand:
+a minority of far ones cannot move a median), never below ``floor`` x our own norm (at consensus honest distances are ~0 and
 must not clip everything). With fewer than ``warmup`` distances seen there is nothing to take a
 median of; tau is then ``warmup_relative`` x our own norm, and nothing is refused yet.
 
@@ -86,6 +86,10 @@ class RobustMixing:
         self._excluded_until: dict[str, float] = {}
         self.tau: dict[str, float] = {}  # the last radius per channel (status)
         self.version = 0  # bumped when the excluded set changes (p2p/peer.py memoises on it)
+        # Whether the peer drops an excluded sender's messages unread (p2p/peer.py). Push-sum
+        # must not: a dropped share takes its weight with it, so SGP screens them instead
+        # (``screen`` refuses an excluded sender's vector and its weight is kept).
+        self.drops_excluded = True
 
     # -- the clipping rule ------------------------------------------------------------------
     def radius(self, channel: str, own_norm: float, current: Sequence[float] = ()) -> tuple[float, bool]:
@@ -116,14 +120,20 @@ class RobustMixing:
         history = self._history.setdefault(channel, deque(maxlen=cfg.window))
         factors = []
         for src, distance in entries:
+            if src in self._excluded_until:
+                factors.append(REFUSED)
+                self.stats["robust_dropped"] += 1
+                continue
             if not np.isfinite(distance) or (settled and distance > cfg.refuse_factor * tau and own_norm > 0
                                              and distance > cfg.refuse_relative * own_norm):
                 factors.append(REFUSED)
                 self._strike(src, now)
                 continue
-            # The distance as it is, clipped or not: the median follows the honest distances
-            # when they grow (a minority of far ones cannot move it), and refused ones stay out.
-            history.append(distance)
+            # A clipped distance is kept as tau: a far vector that is clipped, not refused, must
+            # not inflate the radius (each one it let through would move us further out, and
+            # then the next one looks nearer). Honest distances that grow still raise the median,
+            # by up to ``factor`` per half window. Refused ones stay out.
+            history.append(min(distance, tau))
             if distance > tau:
                 factors.append(tau / distance)
                 self.stats["robust_clipped"] += 1
@@ -152,7 +162,7 @@ class RobustMixing:
 
     def drop(self, src: str) -> bool:
         """True (and counted) when a message from ``src`` must be dropped unread."""
-        if src in self._excluded_until:
+        if self.drops_excluded and src in self._excluded_until:
             self.stats["robust_dropped"] += 1
             return True
         return False

@@ -52,8 +52,9 @@ biased, the swarm simply forgets that share (x and w are lost together). A crash
 its w with it; a joiner brings w = 1.
 
 Robust mixing (``robust_mixing``, on by default; p2p/averaging/robust.py, after ClippedGossip)
-and the mass: a share is never dropped, so the weight mass stays exactly conserved (the
-invariant above; dropping it would shrink the swarm's total weight as a lost message does).
+and the mass: a share is never dropped, not even from a peer excluded as a repeat offender,
+so the weight mass stays exactly conserved (the invariant above; dropping it would shrink the
+swarm's total weight as a lost message does).
 A clipped share moves z by the clipped difference, a refused one does not move it at all, as
 if the sender's z were nearer ours (or equal): its weight is taken as usual. The numerator sum
 sum_i w_i z_i is then not conserved, as no clipped exchange in any algorithm is; that is how
@@ -124,6 +125,7 @@ class PushSum(AsynchronousHooks):
                       "shares_received": 0, "alone": 0, "replies": 0, "pushes_skipped": 0}
         self.disagreement = Disagreement()
         self.robust = RobustMixing(config.robust_mixing, self.stats)
+        self.robust.drops_excluded = False  # an excluded sender's share still brings its weight
 
     def topology_round(self) -> int:
         return self._round
