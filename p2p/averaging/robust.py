@@ -14,7 +14,8 @@ locally and cheaply: tau = ``factor`` x the median of the recent distances (a wi
 the exchanges not refused, clipped ones counted as tau, plus the vectors of the round at hand:
 a minority of far ones cannot move a median), never below ``floor`` x our own norm (at consensus honest distances are ~0 and
 must not clip everything). With fewer than ``warmup`` distances seen there is nothing to take a
-median of; tau is then ``warmup_relative`` x our own norm, and nothing is refused yet.
+median of; tau is then ``warmup_relative`` x our own norm (a guess generous enough for models
+that started apart), and only what is ``refuse_factor`` times beyond it is refused.
 
 Beyond clipping, a vector farther than ``refuse_factor`` x tau (and farther than
 ``refuse_relative`` x our own norm, so rounding noise near consensus never counts; with a zero
@@ -51,7 +52,7 @@ class RobustConfig:
     factor: float = 3.0  # tau = factor x median of recent distances
     window: int = 64  # recent distances kept per channel
     warmup: int = 3  # fewer distances than this: tau = warmup_relative x own norm
-    warmup_relative: float = 2.0  # (no refusals before ``warmup`` distances: nothing to judge by)
+    warmup_relative: float = 2.0  # the radius before ``warmup`` distances were seen, x own norm
     floor: float = 0.01  # tau never below floor x own norm
     refuse_factor: float = 4.0  # beyond refuse_factor x tau ...
     refuse_relative: float = 1.0  # ... and farther from us than our own norm: refused
@@ -93,7 +94,7 @@ class RobustMixing:
 
     # -- the clipping rule ------------------------------------------------------------------
     def radius(self, channel: str, own_norm: float, current: Sequence[float] = ()) -> tuple[float, bool]:
-        """(tau, whether it rests on enough distances to refuse by)."""
+        """(tau, whether it rests on measured distances rather than the warm-up guess)."""
         cfg = self.config
         pool = list(self._history.get(channel, ())) + list(current)
         if len(pool) < cfg.warmup:
@@ -124,8 +125,9 @@ class RobustMixing:
                 factors.append(REFUSED)
                 self.stats["robust_dropped"] += 1
                 continue
-            if not np.isfinite(distance) or (settled and distance > cfg.refuse_factor * tau and own_norm > 0
-                                             and distance > cfg.refuse_relative * own_norm):
+            # Warm-up: only what is ``refuse_factor`` times beyond even the generous guess.
+            far = distance > cfg.refuse_factor * tau and own_norm > 0
+            if not np.isfinite(distance) or (far and (not settled or distance > cfg.refuse_relative * own_norm)):
                 factors.append(REFUSED)
                 self._strike(src, now)
                 continue
