@@ -75,12 +75,15 @@ def test_channels_keep_their_own_radius():
 
 def test_no_refusal_before_warmup_or_without_a_scale():
     robust = RobustMixing(RobustConfig(), stats := {})
-    assert robust.screen("p", "params", 50.0, 10.0, 0.0) == pytest.approx(20.0 / 50.0)  # warm-up: 2 x own norm
+    assert robust.screen("p", "params", 10.0, 10.0, 0.0) == pytest.approx(0.5)  # warm-up guess: 0.5 x own norm
+    assert robust.screen("p", "params", 20.0, 10.0, 0.0) == REFUSED  # -x is 2 x own norm away: refused ...
+    assert not robust.is_excluded("p") and stats["robust_refused"] == 1  # ... but no strike on a guess
+    assert robust.screen("p", "delta", 10.0, 10.0, 0.0) == 1.0  # updates: 4 x wider
     fresh = RobustMixing(RobustConfig(), {})
     assert fresh.screen("p", "momentum", 3.0, 0.0, 0.0) == 1.0  # our vector is zero: nothing to judge by
     screen_all(fresh, [0.0] * 10, own=0.0)
     fresh.screen("p", "params", 5.0, 0.0, 0.0)  # clipped to a zero radius: not mixed, not a strike
-    assert stats["robust_refused"] == 0 and fresh.stats["robust_refused"] == 0
+    assert fresh.stats["robust_refused"] == 0
 
 
 def test_a_round_with_an_honest_majority_is_screened_from_its_first_round():

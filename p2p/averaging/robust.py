@@ -14,8 +14,12 @@ locally and cheaply: tau = ``factor`` x the median of the recent distances (a wi
 the exchanges not refused, clipped ones counted as tau, plus the vectors of the round at hand:
 a minority of far ones cannot move a median), never below ``floor`` x our own norm (at consensus honest distances are ~0 and
 must not clip everything). With fewer than ``warmup`` distances seen there is nothing to take a
-median of; tau is then ``warmup_relative`` x our own norm (a guess generous enough for models
-that started apart), and only what is ``refuse_factor`` times beyond it is refused.
+median of; tau is then a guess, ``warmup_relative`` x our own norm, and what lies beyond
+``warmup_refuse_relative`` x our own norm is refused: honest models of one run start from one
+seed and stay far closer than that, while a negated model (-x) is 2 x away and a scaled one
+farther. Updates (pseudo-gradients, gradients) differ more between honest peers: their
+channels get ``update_warmup_scale`` times both. A refusal on the guess alone is no strike
+(models that legitimately started apart, a joiner without state sync, must not be shunned).
 
 Beyond clipping, a vector farther than ``refuse_factor`` x tau (and farther than
 ``refuse_relative`` x our own norm, so rounding noise near consensus never counts; with a zero
@@ -52,7 +56,10 @@ class RobustConfig:
     factor: float = 3.0  # tau = factor x median of recent distances
     window: int = 64  # recent distances kept per channel
     warmup: int = 3  # fewer distances than this: tau = warmup_relative x own norm
-    warmup_relative: float = 2.0  # the radius before ``warmup`` distances were seen, x own norm
+    warmup_relative: float = 0.5  # the radius before ``warmup`` distances were seen, x own norm ...
+    warmup_refuse_relative: float = 1.7  # ... and what is refused then (x own norm; -x is 2.0 away)
+    update_channels: tuple[str, ...] = ("delta", "grad")  # updates, not models: peers' differ more ...
+    update_warmup_scale: float = 4.0  # ... so their warm-up radius and refusal are this many times wider
     floor: float = 0.01  # tau never below floor x own norm
     refuse_factor: float = 4.0  # beyond refuse_factor x tau ...
     refuse_relative: float = 1.0  # ... and farther from us than our own norm: refused
@@ -98,7 +105,8 @@ class RobustMixing:
         cfg = self.config
         pool = list(self._history.get(channel, ())) + list(current)
         if len(pool) < cfg.warmup:
-            tau = cfg.warmup_relative * own_norm if own_norm > 0 else float("inf")
+            scale = cfg.update_warmup_scale if channel in cfg.update_channels else 1.0
+            tau = scale * cfg.warmup_relative * own_norm if own_norm > 0 else float("inf")
             return tau, False
         tau = max(cfg.factor * float(np.median(pool)), cfg.floor * own_norm)
         self.tau[channel] = tau
@@ -125,11 +133,15 @@ class RobustMixing:
                 factors.append(REFUSED)
                 self.stats["robust_dropped"] += 1
                 continue
-            # Warm-up: only what is ``refuse_factor`` times beyond even the generous guess.
-            far = distance > cfg.refuse_factor * tau and own_norm > 0
-            if not np.isfinite(distance) or (far and (not settled or distance > cfg.refuse_relative * own_norm)):
+            if settled:
+                refuse = distance > cfg.refuse_factor * tau and distance > cfg.refuse_relative * own_norm
+            else:
+                refuse = distance > tau / cfg.warmup_relative * cfg.warmup_refuse_relative
+            if not np.isfinite(distance) or (refuse and own_norm > 0):
                 factors.append(REFUSED)
-                self._strike(src, now)
+                self.stats["robust_refused"] += 1
+                if settled or not np.isfinite(distance):  # a guess alone strikes nobody
+                    self._strike(src, now)
                 continue
             # A clipped distance is kept as tau: a far vector that is clipped, not refused, must
             # not inflate the radius (each one it let through would move us further out, and
@@ -145,7 +157,6 @@ class RobustMixing:
         return factors
 
     def _strike(self, src: str, now: float) -> None:
-        self.stats["robust_refused"] += 1
         strikes = self._strikes.get(src, 0) + 1
         if strikes < self.config.strikes:
             self._strikes[src] = strikes
