@@ -41,18 +41,18 @@ def test_honest_distances_pass_unchanged_and_a_far_one_is_refused():
     assert screen_all(robust, honest) == [1.0] * 50
     assert robust.screen("bad", "params", 99 * 10.0, 10.0, 1.0) == REFUSED  # a x100 model
     assert stats["robust_refused"] == 1 and stats["robust_clipped"] == 0
-    assert robust.tau["params"] == pytest.approx(3 * float(np.median(honest + [990.0])), rel=1e-6)  # the far one is in the pool, not in the median
+    assert robust.tau["params"] == pytest.approx(robust.config.factor * float(np.median(honest + [990.0])), rel=1e-6)  # the far one is in the pool, not in the median
 
 
 def test_a_moderately_far_vector_is_clipped_to_the_radius():
-    robust = RobustMixing(RobustConfig(), stats := {})
+    robust = RobustMixing(RobustConfig(factor=3.0), stats := {})
     screen_all(robust, [1.0] * 20)  # tau = 3
     factor = robust.screen("q", "params", 6.0, 100.0, 0.0)  # beyond tau, within 4 tau
     assert factor == pytest.approx(0.5) and stats["robust_clipped"] == 1 and stats["robust_refused"] == 0
 
 
 def test_the_radius_adapts_to_the_honest_distances():
-    robust = RobustMixing(RobustConfig(), {})
+    robust = RobustMixing(RobustConfig(factor=3.0), {})
     screen_all(robust, [0.1] * 64)
     assert robust.tau["params"] == pytest.approx(0.3)
     # Honest distances that grow (a learning-rate warm-up, a burst of local steps) move tau up.
@@ -66,7 +66,7 @@ def test_the_radius_adapts_to_the_honest_distances():
 
 
 def test_channels_keep_their_own_radius():
-    robust = RobustMixing(RobustConfig(), {})
+    robust = RobustMixing(RobustConfig(factor=3.0), {})
     for _ in range(10):
         robust.screen("p", "delta", 5.0, 10.0, 0.0)
         robust.screen("p", "params", 0.01, 10.0, 0.0)

@@ -53,11 +53,11 @@ class RobustConfig:
     """The clipping rule's constants (module docstring)."""
 
     enabled: bool = True
-    factor: float = 3.0  # tau = factor x median of recent distances
+    factor: float = 2.0  # tau = factor x median of recent distances
     window: int = 64  # recent distances kept per channel
     warmup: int = 3  # fewer distances than this: tau = warmup_relative x own norm
     warmup_relative: float = 0.5  # the radius before ``warmup`` distances were seen, x own norm ...
-    warmup_refuse_relative: float = 1.7  # ... and what is refused then (x own norm; -x is 2.0 away)
+    warmup_refuse_relative: float = 1.7  # ... and what is refused then (x own norm; -x is 2 away)
     update_channels: tuple[str, ...] = ("delta", "grad")  # updates, not models: peers' differ more ...
     update_warmup_scale: float = 4.0  # ... so their warm-up radius and refusal are this many times wider
     floor: float = 0.01  # tau never below floor x own norm
