@@ -3,7 +3,7 @@
 It trains and mixes like any peer, but every averaging message it sends has its float32
 tensors (parameters, DiLoCo's pseudo-gradient, sketch and momentum, GossipGraD's gradient)
 replaced on the way out, by one of the attacks robust mixing is meant to withstand
-(p2p/averaging/robust.py; He, Karimireddy & Jaggi 2022, Sec. 6 use the same families):
+(p2p/averaging/robust.py):
 
     scale100   v -> 100 v          (a huge but finite vector; only NaN/Inf was refused before)
     noise      v -> Gaussian noise with the norm of v (a plausible-looking scale, no signal)

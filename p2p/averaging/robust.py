@@ -1,15 +1,15 @@
 """Robust mixing: clip or refuse a peer's vector that is far from ours, shun repeat offenders.
 
 After ClippedGossip (He, Karimireddy, Jaggi, "Byzantine-robust decentralized learning via
-ClippedGossip", arXiv:2202.01545, 2022). Sec. 3 replaces the gossip step
+ClippedGossip", arXiv:2202.01545, 2022; ICLR 2023). Their update replaces the gossip step
 x_i += sum_j w_ij (x_j - x_i) by
 
     x_i += sum_j w_ij CLIP(x_j - x_i, tau_i),   CLIP(z, tau) = min(1, tau / ||z||) z,
 
 so a neighbour moves us by at most w_ij tau_i however far its vector is: a Byzantine peer's
-influence is bounded, and an honest one within tau_i passes unchanged. Their adaptive rule
-(Sec. 4, "adaptive choice of clipping radius") picks tau_i from the distances themselves so
-that only the farthest neighbours are clipped. We do the same with what a peer can see
+influence is bounded, and an honest one within tau_i passes unchanged. Their adaptive
+clipping radius picks tau_i from the distances themselves, so that only the farthest
+neighbours are clipped. We do the same with what a peer can see
 locally and cheaply: tau = ``factor`` x the median of the recent distances (a window of
 the exchanges not refused, clipped ones counted as tau, plus the vectors of the round at hand:
 a minority of far ones cannot move a median), never below ``floor`` x our own norm (at consensus honest distances are ~0 and

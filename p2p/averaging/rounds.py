@@ -220,7 +220,7 @@ class NeighbourRounds:
         # One norm per vector per round, and one per neighbour's difference: the robust screen
         # and the consensus estimate share them.
         own_norms = [float(np.linalg.norm(a)) for a in own]
-        clips, refused = self._screen(box, own, own_norms, now)
+        clips, refused, distances = self._screen(box, own, own_norms, now)
         entries = [(src, e) for src, e in box.items() if src not in refused]
         acc = [np.zeros_like(a) for a in own]
         weights = [1.0 / (1.0 + max(self._degree, e.degree)) for _, e in entries]
@@ -239,7 +239,10 @@ class NeighbourRounds:
                     difference = theirs - mine
                     acc[k] += np.float32(w * clips.get((src, k), 1.0)) * difference
                     if watch and k == self.model_index:
-                        self.disagreement.observe_norms(float(np.linalg.norm(difference)), own_norms[k])
+                        distance = distances.get((src, k))
+                        if distance is None:
+                            distance = float(np.linalg.norm(difference))
+                        self.disagreement.observe_norms(distance, own_norms[k])
         mixed = tuple(mine + delta for mine, delta in zip(own, acc))
         self._count("exchanges_completed")
         if len(box) < self._expected:
@@ -252,23 +255,26 @@ class NeighbourRounds:
         return result
 
     def _screen(self, box: dict[str, Entry], own: tuple[np.ndarray, ...], own_norms: list[float],
-                now: float) -> tuple[dict[tuple[str, int], float], set[str]]:
-        """Robust mixing over a round: ({(sender, vector index): clip factor < 1}, refused senders).
-        Each vector is screened against its own channel's radius (p2p/averaging/robust.py)."""
+                now: float) -> tuple[dict[tuple[str, int], float], set[str], dict[tuple[str, int], float]]:
+        """Robust mixing over a round: ({(sender, vector index): clip factor < 1}, refused
+        senders, {(sender, vector index): ||theirs - mine||} for the consensus estimate). Each
+        vector is screened against its own channel's radius (p2p/averaging/robust.py)."""
         clips: dict[tuple[str, int], float] = {}
         refused: set[str] = set()
+        distances: dict[tuple[str, int], float] = {}
         if self.robust is None or not self.robust.enabled or not box:
-            return clips, refused
+            return clips, refused, distances
         for k, mine in enumerate(own):
             senders = [(src, float(np.linalg.norm(e.payload[k] - mine)))
                        for src, e in box.items() if k < len(e.payload) and e.payload[k] is not None]
+            distances.update(((src, k), d) for src, d in senders)
             channel = self.channels[k] if k < len(self.channels) else str(k)
             for (src, _), factor in zip(senders, self.robust.screen_round(channel, senders, own_norms[k], now)):
                 if factor == REFUSED:
                     refused.add(src)
                 elif factor < 1.0:
                     clips[(src, k)] = factor
-        return clips, refused
+        return clips, refused, distances
 
 
 class ServesRounds:
