@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from p2p.averaging.base import AveragingConfig
+from p2p.averaging.hostile import HOSTILE_MODES
 from p2p.averaging.registry import (ALGORITHMS, check_combination, config_class, default_round_timeout_s,
                                     make_averager, natural_topology)
 from p2p.compression import COMPRESSORS
@@ -69,6 +70,7 @@ class SwarmConfig:
     checkpoint_dir: Optional[str] = None  # write checkpoints here, and resume from the newest one
     checkpoint_every_s: float = 60.0  # seconds between checkpoints (and one at a clean stop)
     keep_checkpoints: int = 2  # checkpoint files kept
+    hostile: Optional[str] = None  # test-only: corrupt what this member sends (p2p/averaging/hostile.py)
 
     def __post_init__(self) -> None:
         if self.sync.window > self.transport.bulk.max_pending_per_peer:
@@ -244,6 +246,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "Checkpoint files kept (older ones are deleted)."),
     Setting("choco_gamma", "choco", "gamma", lambda v: float(_number(v, high=1, high_ok=True)),
             "CHOCO consensus step size in (0, 1] (default: suggested for the codec)."),
+    Setting("robust_mixing", "averaging", "robust_mixing", _flag,
+            "Clip or refuse a neighbour's model/update far from ours and shun repeat offenders (ClippedGossip; default on)."),
+    Setting("hostile", "swarm", "hostile", lambda v: _choice(v, HOSTILE_MODES),
+            "Test-only: corrupt every averaging message this member sends: " + ", ".join(HOSTILE_MODES) + "."),
 )}
 
 

@@ -11,8 +11,13 @@ a ``StateJoiner`` (``begin_sync``) BEFORE ``start``, so no member averages with 
 holds the swarm's state.
 
 ``neighbours()`` is asked on every message and step; it is memoised on (membership table
-version, topology round): the topology is a pure function of (me, alive members, round), so
-the answer only changes when the table or the round does.
+version, topology round, robust-mixing exclusions): the topology is a pure function of (me,
+alive members, round), so the answer only changes when the table or the round does.
+
+Robust mixing (p2p/averaging/robust.py): a peer the averager found to be a repeat offender is
+left out of this peer's neighbours for its cool-down, and its averaging messages are dropped
+unread (counted as ``robust_dropped``). Membership is not touched: the offender is alive, just
+not averaged with; other peers judge it for themselves.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class Peer:
         self.joiner: Optional[StateJoiner] = None
         self._averaging_types = tuple(averager.MESSAGES)
         self._round_of = getattr(averager, "topology_round", None)
+        self._robust = getattr(averager, "robust", None)
         self._alive_version = -1  # membership version that ``_alive`` was read at
         self._alive: list[str] = []
         self._memo_version, self._memo_round = -1, -1  # the key ``_memo`` was computed for
@@ -46,12 +52,15 @@ class Peer:
         """This round's neighbours: the topology over the members believed alive (by address,
         so every peer computes the same graph from the same view without talking about it)."""
         r = self._round_of() if self._round_of else 0
-        version = self.membership.version
+        shunned = self._robust.version if self._robust is not None else 0
+        version = (self.membership.version, shunned)
         if version != self._memo_version or r != self._memo_round:
-            if version != self._alive_version:
+            if version[0] != self._alive_version:
                 self._alive = [m.addr for m in self.membership.alive()]
-                self._alive_version = version
+                self._alive_version = version[0]
             self._memo = self.topology(self.addr, self._alive, r)
+            if shunned:
+                self._memo = self._robust.allowed(self._memo)
             self._memo_version, self._memo_round = version, r
         return list(self._memo)
 
@@ -67,6 +76,8 @@ class Peer:
         if self.membership.owns(msg):
             return self.membership.receive(src, msg, now)
         if isinstance(msg, self._averaging_types):
+            if self._robust is not None and self._robust.drop(src):
+                return []
             return self.averager.receive(src, msg, now, self.neighbours())
         if isinstance(msg, (SyncQuery, SyncChunkRequest)) and self.donor is not None:
             return self.donor.receive(src, msg, now)
@@ -80,6 +91,8 @@ class Peer:
         sends = []
         if now >= self.membership.next_deadline():
             sends += self.membership.tick(now)
+        if self._robust is not None and now >= self._robust.next_deadline():
+            self._robust.expire(now)
         if now >= self.averager.next_deadline():
             sends += self.averager.tick(now, self.neighbours())
         for part in (self.donor, self.joiner):
@@ -89,6 +102,8 @@ class Peer:
 
     def next_deadline(self) -> float:
         deadlines = [self.membership.next_deadline(), self.averager.next_deadline()]
+        if self._robust is not None:
+            deadlines.append(self._robust.next_deadline())
         deadlines += [part.next_deadline() for part in (self.donor, self.joiner) if part is not None]
         return min(deadlines)
 

@@ -14,7 +14,8 @@ from tests.test_averaging_algorithms import deliver
 from tests.test_averaging_algorithms import make as make_averager
 
 KEY = "m/4"
-CFG = AveragingConfig(interval_s=0.1, exchange_timeout_s=1.0, round_timeout_s=1.0)
+# Toy vectors far apart: robust mixing (tests/test_robust.py) would clip them; off here.
+CFG = AveragingConfig(interval_s=0.1, exchange_timeout_s=1.0, round_timeout_s=1.0, robust_mixing=False)
 OPTIONS = {PushSum: SGPConfig(push_interval_s=0.02), DiLoCo: DiLoCoConfig(inner_steps=2)}
 
 

@@ -36,6 +36,12 @@ time, partners are chosen in proportion to measured throughput, and with
 ``compression="auto"`` the codec climbs none -> fp16 -> int8 when even ``max_interval_s``
 cannot meet the budget.
 
+Robust mixing (``robust_mixing``, on by default; p2p/averaging/robust.py, after ClippedGossip):
+each end clips the partner's difference s_j - s_i to the adaptive radius tau before it applies
+its fraction, or refuses it (a request goes unanswered, a reply is not mixed) when it is far
+beyond. A clipped exchange is no longer zero-sum; that is the price of bounding what one peer
+can do to another.
+
 Subclasses (elastic gossip) change the mixing fraction and the message types through
 ``_request``, ``_reply`` and ``_fraction``; the state machine stays this one.
 """
@@ -50,6 +56,7 @@ import numpy as np
 
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, NoOptions,
                                check_params, decoded_params, staleness_weight)
+from p2p.averaging.robust import REFUSED, RobustMixing
 from p2p.bandwidth import BandwidthConfig, BandwidthMonitor
 from p2p.compression import Compressor, decompress, make_compressor
 from p2p.compression.messages import CompressedFields, compressed_fields
@@ -156,6 +163,7 @@ class PairwiseGossip(AsynchronousHooks):
         self.stats = {"exchanges_started": 0, "exchanges_completed": 0, "exchanges_timed_out": 0,
                       "requests_served": 0, "late_replies": 0}
         self.disagreement = Disagreement()
+        self.robust = RobustMixing(config.robust_mixing, self.stats)
         self.MESSAGES = tuple(self.MESSAGES) + tuple(self.COMPRESSED_MESSAGES)
 
     def busy(self) -> bool:
@@ -222,6 +230,13 @@ class PairwiseGossip(AsynchronousHooks):
                 "interval_s": round(self.monitor.interval(self.config.interval_s, list(self.monitor.links)), 4)
                 if self.config.bandwidth_aware else self.config.interval_s}
 
+    def _screen(self, src: str, difference: np.ndarray, mine: np.ndarray, now: float) -> float:
+        """The robust-mixing factor on the partner's difference (one norm each, shared with the
+        consensus estimate)."""
+        distance, own = float(np.linalg.norm(difference)), float(np.linalg.norm(mine))
+        self.disagreement.observe_norms(distance, own)
+        return self.robust.screen(src, "params", distance, own, now)
+
     def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         flight = self._in_flight
         if flight is not None:
@@ -252,8 +267,10 @@ class PairwiseGossip(AsynchronousHooks):
             theirs = _received_params(msg, self.port)
             mine, packed = self._encode(self.port.snapshot())
             difference = theirs - mine
-            self.disagreement.observe(difference, mine)
-            self.port.add_delta(difference * np.float32(self._scaled(fraction, msg.step)))
+            clip = self._screen(src, difference, mine, now)
+            if clip == REFUSED:
+                return []  # not mixed, not answered: the requester times out
+            self.port.add_delta(difference * np.float32(self._scaled(fraction, msg.step) * clip))
             self.stats["requests_served"] += 1
             reply = (self._reply(msg, mine) if packed is None else
                      AvgReplyQ(**packed, exchange=msg.exchange, step=self.port.step, model_key=self.port.model_key))
@@ -266,9 +283,12 @@ class PairwiseGossip(AsynchronousHooks):
             theirs = _received_params(msg, self.port)
             fraction = self._scaled(self._own_fraction(), msg.step)
             difference = theirs - flight.snapshot
-            self.disagreement.observe(difference, flight.snapshot)
-            self.port.add_delta(difference * np.float32(fraction))
             self._in_flight = None
+            clip = self._screen(src, difference, flight.snapshot, now)
+            if clip == REFUSED:
+                self._next_start = now + self._pause(neighbours)
+                return []
+            self.port.add_delta(difference * np.float32(fraction * clip))
             self.stats["exchanges_completed"] += 1
             self.monitor.observe(src, flight.sent_bytes + _payload_bytes(msg), now - flight.started)
             self.monitor.forget(neighbours)

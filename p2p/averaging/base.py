@@ -171,6 +171,7 @@ class AveragingConfig:
     bandwidth_aware: bool = True  # stretch the interval, prefer fast partners from measured exchanges
     comm_fraction: float = 0.5  # keep exchanges to at most this share of wall time
     max_interval_s: float = 30.0  # never wait longer than this between exchanges
+    robust_mixing: bool = True  # clip or refuse a partner's vector far from ours, shun repeat offenders (p2p/averaging/robust.py)
 
     def __post_init__(self) -> None:
         if not 0 < self.comm_fraction <= 1 or self.max_interval_s < self.interval_s:

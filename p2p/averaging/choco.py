@@ -36,6 +36,11 @@ that left the list or has been silent for ``max(exchange_timeout_s, 4 interval_s
 sender forgets a destination that left its list. Each stream carries a random 62-bit ``stream``
 id drawn at construction, so a restarted peer is never mistaken for its former self.
 
+Robust mixing (``robust_mixing``, on by default; p2p/averaging/robust.py, after ClippedGossip):
+the consensus step clips each term x̂_j − x̂_i to the adaptive radius (or drops it when far
+beyond), by scaling that neighbour's weight: the public copies themselves stay exact, so the
+compressed streams stay in step.
+
 Costs. Memory: (2 + degree) float32 vectors (x̂_i, the copies, a mixing buffer). Traffic per
 round: one compressed record per neighbour, plus one float32 model per (re)synced edge.
 Settings read: ``AveragingConfig.interval_s``,
@@ -54,6 +59,7 @@ import numpy as np
 
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
                                state_array, state_int)
+from p2p.averaging.robust import RobustMixing
 from p2p.compression.codecs import Compressor, compressor_from_config, decompress
 from p2p.compression.messages import CompressedFields, compressed_fields
 from p2p.topology.weights import metropolis_hastings_weight
@@ -164,6 +170,7 @@ class ChocoGossip(AsynchronousHooks):
                       "resets_sent": 0, "bytes_sent": 0,
                       "deltas_applied": 0, "resets_applied": 0, "resyncs_sent": 0,
                       "resyncs_served": 0, "gaps": 0, "stale": 0, "not_neighbour": 0}
+        self.robust = RobustMixing(config.robust_mixing, self.stats)
 
     # -- queries (status, tests) ---------------------------------------------------------------
     def public_copy(self, addr: Optional[str] = None) -> Optional[np.ndarray]:
@@ -214,7 +221,7 @@ class ChocoGossip(AsynchronousHooks):
         self._asked = {a: t for a, t in self._asked.items() if a in live}
         if not neighbours:
             return []
-        self._mix(len(neighbours))
+        self._mix(len(neighbours), now)
         return self._publish(neighbours)
 
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
@@ -243,21 +250,35 @@ class ChocoGossip(AsynchronousHooks):
         raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a CHOCO message")
 
     # -- the two halves of a round ------------------------------------------------------------
-    def _mix(self, degree: int) -> None:
+    def _mix(self, degree: int, now: float) -> None:
         """x_i += γ Σ_j w_ij (x̂_j − x̂_i) over the copies held."""
         if not self._copies:
             return
         acc = np.zeros_like(self.hat)
         total = 0.0
-        for copy in self._copies.values():
-            w = metropolis_hastings_weight(degree, copy.degree)
+        clips = self._screen(now)
+        for addr, copy in self._copies.items():
+            w = metropolis_hastings_weight(degree, copy.degree) * clips.get(addr, 1.0)
             acc += np.float32(w) * copy.hat
             total += w
+        if total == 0.0:
+            return
         acc -= np.float32(total) * self.hat
         # the copies' weighted mean vs ours, without a temporary: ||acc|| / total
         self.disagreement.observe_norms(float(np.linalg.norm(acc)) / total, float(np.linalg.norm(self.hat)))
         acc *= np.float32(self.gamma)
         self.port.add_delta(acc)
+
+    def _screen(self, now: float) -> dict[str, float]:
+        """Robust mixing over the public copies: {neighbour: factor < 1 on its weight}, so its
+        term w (x̂_j − x̂_i) is clipped to the radius (0: refused). Scaling the weight is the
+        same as clipping the difference, and needs no temporary per copy beyond the norm's."""
+        if not self.robust.enabled or not self._copies:
+            return {}
+        own = float(np.linalg.norm(self.hat))
+        entries = [(addr, float(np.linalg.norm(copy.hat - self.hat))) for addr, copy in self._copies.items()]
+        factors = self.robust.screen_round("params", entries, own, now)
+        return {addr: f for (addr, _), f in zip(entries, factors) if f < 1.0}
 
     def _publish(self, neighbours: Sequence[str]) -> list[Send]:
         """q_i = Q(x_i − x̂_i); x̂_i += D(q_i); q_i to synced neighbours, x̂_i to the others."""

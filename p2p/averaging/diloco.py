@@ -60,6 +60,11 @@ an empty tensor, which the round mixes as "equal to mine". With int4 an outer st
 where no round is an exact average and the copies are never equal) theta_start and the momentum
 travel in every round.
 
+Robust mixing (``robust_mixing``, on by default; p2p/averaging/robust.py, after ClippedGossip):
+each neighbour's pseudo-gradient, and its theta_start and momentum when they travel, is
+screened against its own channel's radius before the round mixes it (rounds.py): clipped, or
+the neighbour's whole share refused. Its sketch then asks for no repair.
+
 Waits at every outer boundary for the neighbours (bounded by the timeout per round): a slow
 peer delays the others once per H steps, not every step. Rounds are aligned as in ``rounds.py``.
 """
@@ -75,6 +80,7 @@ import numpy as np
 
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
                                decoded_params, state_array, state_int)
+from p2p.averaging.robust import RobustMixing
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.compression import compressor_from_config, decompress
 from p2p.compression.messages import CompressedFields, compressed_fields
@@ -180,7 +186,9 @@ class DiLoCo(AsynchronousHooks):
         # How far the outer parameters (the swarm's model) are apart: from the sketches, and from
         # theta_start itself in the rounds that carry it.
         self.disagreement = Disagreement()
-        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement)
+        self.robust = RobustMixing(config.robust_mixing, self.stats)
+        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement,
+                                       robust=self.robust, channels=("params", "delta", "momentum"))
         self._start = port.snapshot()  # theta_start: the model before the first inner step
         self._positions = sketch_positions(self._start.size)
         self._sketch = self._start[self._positions]  # ours, of the round in flight
@@ -298,11 +306,14 @@ class DiLoCo(AsynchronousHooks):
         self._poll(now)
         return sends
 
-    def _compare_sketches(self, r: int) -> None:
-        """Round ``r`` finished: whose theta_start copy is apart from ours (module docstring)."""
+    def _compare_sketches(self, r: int, refused: frozenset) -> None:
+        """Round ``r`` finished: whose theta_start copy is apart from ours (module docstring).
+        A neighbour robust mixing refused this round is no copy to repair."""
         theirs = self._theirs.pop(r, {})
         self._theirs = {k: v for k, v in self._theirs.items() if k > r}
         for src, sketch in theirs.items():
+            if src in refused:
+                continue
             self.disagreement.observe(sketch - self._sketch, self._sketch)
             if src not in self._sent_params and sketches_differ(self._sketch, sketch):
                 self._repair.add(src)
@@ -312,8 +323,10 @@ class DiLoCo(AsynchronousHooks):
         if not self._rounds.ready(now):
             return
         tau = self.config.staleness_tau if self.config.staleness_aware else None
-        self._compare_sketches(self._rounds.round)
-        self._payload = self._rounds.finish(self.port.step, tau).payload
+        r = self._rounds.round
+        mixed = self._rounds.finish(self.port.step, tau, now)
+        self._compare_sketches(r, mixed.refused)
+        self._payload = mixed.payload
         self._packed = None
         if self._rounds.round % self.options.gossip_rounds or self._rounds.behind:
             # More gossip rounds in this outer step, or we fell behind the swarm's rounds (a

@@ -45,6 +45,7 @@ from typing import Sequence
 import numpy as np
 
 from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, NoOptions, check_params
+from p2p.averaging.robust import RobustMixing
 from p2p.averaging.rounds import NeighbourRounds, ServesRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -76,13 +77,15 @@ class Dpsgd(ServesRounds, AsynchronousHooks):
         self.port = port
         self.stats: dict[str, int] = {}
         self.disagreement = Disagreement()
-        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement)
+        self.robust = RobustMixing(config.robust_mixing, self.stats)
+        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement,
+                                       robust=self.robust, channels=("params",))
         self.stats.setdefault("rounds_served", 0)
 
     def _poll(self, now: float) -> None:
         if self._rounds.ready(now):
             tau = self.config.staleness_tau if self.config.staleness_aware else None
-            mixed = self._rounds.finish(self.port.step, tau)
+            mixed = self._rounds.finish(self.port.step, tau, now)
             if mixed.received:
                 self.port.add_delta(mixed.deltas[0])
 

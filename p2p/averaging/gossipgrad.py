@@ -44,6 +44,7 @@ from typing import Sequence
 import numpy as np
 
 from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params
+from p2p.averaging.robust import RobustMixing
 from p2p.averaging.rounds import NeighbourRounds, ServesRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -116,14 +117,16 @@ class GossipGraD(ServesRounds, AsynchronousHooks):
         self.port = port
         self.stats: dict[str, int] = {"model_rounds": 0}
         self.disagreement = Disagreement()  # from the rounds that carry models (payload index 1)
-        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement, model_index=1)
+        self.robust = RobustMixing(config.robust_mixing, self.stats)
+        self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement, model_index=1,
+                                       robust=self.robust, channels=("grad", "params"))
         self._with_model = False
 
     def _poll(self, now: float) -> None:
         if not self._rounds.ready(now):
             return
         tau = self.config.staleness_tau if self.config.staleness_aware else None
-        mixed = self._rounds.finish(self.port.step, tau)
+        mixed = self._rounds.finish(self.port.step, tau, now)
         if mixed.received:
             self.port.set_gradient(mixed.payload[0])
             if self._with_model:

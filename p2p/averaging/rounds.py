@@ -38,6 +38,12 @@ late vector makes it begin a round ``LEAD`` past the late one instead, which the
 takes as "behind" and jumps to. Finished peers never begin rounds otherwise, so once every
 peer finished the rounds stop.
 
+Robust mixing (``robust``, p2p/averaging/robust.py, after ClippedGossip): before the mix,
+each neighbour's difference v_j - v_i is screened per vector against that vector's adaptive
+radius, the round's own distances included (so a round with an honest majority screens
+right from round 0): a far one is clipped to the radius, a far-beyond one refuses the
+neighbour's whole entry, whose weight then stays on v_i (as for a missing neighbour).
+
 Invariants: ``round`` never decreases; nothing is mixed twice; at most one round in flight.
 """
 
@@ -50,6 +56,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from p2p.averaging.base import Disagreement, state_int, staleness_weight
+from p2p.averaging.robust import REFUSED, RobustMixing
 from p2p.protocol import RemoteProtocolError
 
 INF = float("inf")
@@ -72,6 +79,7 @@ class Mixed:
     deltas: tuple[np.ndarray, ...]  # mixed - own, per vector
     received: int  # how many neighbours' vectors went in
     expected: int  # how many were awaited
+    refused: frozenset = frozenset()  # senders whose vectors robust mixing refused this round
 
 
 class NeighbourRounds:
@@ -79,8 +87,11 @@ class NeighbourRounds:
     owning algorithm builds and sends the messages and validates their tensors."""
 
     def __init__(self, timeout_s: float, stats: dict[str, int], prefix: str = "",
-                 disagreement: Optional[Disagreement] = None, model_index: int = 0) -> None:
+                 disagreement: Optional[Disagreement] = None, model_index: int = 0,
+                 robust: Optional[RobustMixing] = None, channels: tuple[str, ...] = ()) -> None:
         self.timeout_s = timeout_s
+        self.robust = robust  # robust mixing (p2p/averaging/robust.py); None: mix as they come
+        self.channels = channels  # the robust screen's channel name per payload vector
         self.disagreement = disagreement  # fed each neighbour's vector at ``model_index`` (the model)
         self.model_index = model_index
         self.round = 0  # the current round while waiting; the next one to begin while idle
@@ -198,41 +209,72 @@ class NeighbourRounds:
         got = len(self._inbox.get(self.round, ()))
         return got >= self._expected or now >= self.deadline or self._behind
 
-    def finish(self, my_step: int, staleness_tau: Optional[float] = None) -> Mixed:
-        """Mix what arrived for the round in flight and move to the next round."""
+    def finish(self, my_step: int, staleness_tau: Optional[float] = None, now: float = 0.0) -> Mixed:
+        """Mix what arrived for the round in flight and move to the next round. With ``robust``
+        (robust mixing), each neighbour's difference is first screened per vector: clipped to
+        the radius, or the neighbour's whole entry refused (its weight stays on ours)."""
         if not self.waiting:
             raise AssertionError("finish() with no round in flight")
         box = self._inbox.pop(self.round, {})
         own = self._own
+        # One norm per vector per round, and one per neighbour's difference: the robust screen
+        # and the consensus estimate share them.
+        own_norms = [float(np.linalg.norm(a)) for a in own]
+        clips, refused, distances = self._screen(box, own, own_norms, now)
+        entries = [(src, e) for src, e in box.items() if src not in refused]
         acc = [np.zeros_like(a) for a in own]
-        weights = [1.0 / (1.0 + max(self._degree, e.degree)) for e in box.values()]
+        weights = [1.0 / (1.0 + max(self._degree, e.degree)) for _, e in entries]
         if staleness_tau is not None:
-            weights = [w * staleness_weight(my_step, e.step, staleness_tau) for w, e in zip(weights, box.values())]
+            weights = [w * staleness_weight(my_step, e.step, staleness_tau) for w, (_, e) in zip(weights, entries)]
         # A Metropolis-Hastings row leaves at least 1/(1 + d_i) on ourselves. More senders than
         # neighbours (views that disagree) must not push our own weight below that: scale down.
         cap = self._degree / (1.0 + self._degree)
         total = sum(weights)
         if total > cap:
             weights = [w * cap / total for w in weights]
-        watch = self.disagreement is not None and box and self.model_index < len(own)
-        mine_norm = float(np.linalg.norm(own[self.model_index])) if watch else 0.0  # once per round
-        for w, entry in zip(weights, box.values()):
+        watch = self.disagreement is not None and entries and self.model_index < len(own)
+        for w, (src, entry) in zip(weights, entries):
             for k, (mine, theirs) in enumerate(zip(own, entry.payload)):
                 if theirs is not None:  # None: the sender left this vector out, "same as mine"
                     difference = theirs - mine
-                    acc[k] += np.float32(w) * difference
+                    acc[k] += np.float32(w * clips.get((src, k), 1.0)) * difference
                     if watch and k == self.model_index:
-                        self.disagreement.observe_norms(float(np.linalg.norm(difference)), mine_norm)
+                        distance = distances.get((src, k))
+                        if distance is None:
+                            distance = float(np.linalg.norm(difference))
+                        self.disagreement.observe_norms(distance, own_norms[k])
         mixed = tuple(mine + delta for mine, delta in zip(own, acc))
         self._count("exchanges_completed")
         if len(box) < self._expected:
             self._count("rounds_partial")
         if len(box) < self._expected and max(self._inbox, default=-1) >= self.round + 2:
             self._behind = True  # out of step: we missed vectors while others are 2+ rounds on
-        result = Mixed(mixed, tuple(acc), len(box), self._expected)
+        result = Mixed(mixed, tuple(acc), len(entries), self._expected, frozenset(refused))
         self.round += 1
         self.waiting, self.deadline, self._own = False, INF, ()
         return result
+
+    def _screen(self, box: dict[str, Entry], own: tuple[np.ndarray, ...], own_norms: list[float],
+                now: float) -> tuple[dict[tuple[str, int], float], set[str], dict[tuple[str, int], float]]:
+        """Robust mixing over a round: ({(sender, vector index): clip factor < 1}, refused
+        senders, {(sender, vector index): ||theirs - mine||} for the consensus estimate). Each
+        vector is screened against its own channel's radius (p2p/averaging/robust.py)."""
+        clips: dict[tuple[str, int], float] = {}
+        refused: set[str] = set()
+        distances: dict[tuple[str, int], float] = {}
+        if self.robust is None or not self.robust.enabled or not box:
+            return clips, refused, distances
+        for k, mine in enumerate(own):
+            senders = [(src, float(np.linalg.norm(e.payload[k] - mine)))
+                       for src, e in box.items() if k < len(e.payload) and e.payload[k] is not None]
+            distances.update(((src, k), d) for src, d in senders)
+            channel = self.channels[k] if k < len(self.channels) else str(k)
+            for (src, _), factor in zip(senders, self.robust.screen_round(channel, senders, own_norms[k], now)):
+                if factor == REFUSED:
+                    refused.add(src)
+                elif factor < 1.0:
+                    clips[(src, k)] = factor
+        return clips, refused, distances
 
 
 class ServesRounds:

@@ -49,7 +49,16 @@ stays > 0 (a peer keeps half of its own).
 Under loss: a lost message takes its weight w' and its numerator w' z_j together, so the sums
 drop but the ratio z of every peer is still a convex combination of the models: nothing is
 biased, the swarm simply forgets that share (x and w are lost together). A crashed peer takes
-its w with it; a joiner brings w = 1. Rounds are per-peer counters that follow the highest
+its w with it; a joiner brings w = 1.
+
+Robust mixing (``robust_mixing``, on by default; p2p/averaging/robust.py, after ClippedGossip)
+and the mass: a share is never dropped, not even from a peer excluded as a repeat offender,
+so the weight mass stays exactly conserved (the invariant above; dropping it would shrink the
+swarm's total weight as a lost message does).
+A clipped share moves z by the clipped difference, a refused one does not move it at all, as
+if the sender's z were nearer ours (or equal): its weight is taken as usual. The numerator sum
+sum_i w_i z_i is then not conserved, as no clipped exchange in any algorithm is; that is how
+far one share can move us. Rounds are per-peer counters that follow the highest
 round heard, so a joiner falls into step with the swarm's graph sequence at its first receipt.
 """
 
@@ -63,6 +72,7 @@ from typing import Sequence
 import numpy as np
 
 from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params, state_int
+from p2p.averaging.robust import RobustMixing
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.wire import message
 
@@ -114,6 +124,8 @@ class PushSum(AsynchronousHooks):
         self.stats = {"exchanges_started": 0, "exchanges_completed": 0, "shares_sent": 0,
                       "shares_received": 0, "alone": 0, "replies": 0, "pushes_skipped": 0}
         self.disagreement = Disagreement()
+        self.robust = RobustMixing(config.robust_mixing, self.stats)
+        self.robust.drops_excluded = False  # an excluded sender's share still brings its weight
 
     def topology_round(self) -> int:
         return self._round
@@ -183,8 +195,11 @@ class PushSum(AsynchronousHooks):
         z = self.port.snapshot()
         total = self.weight + msg.weight
         difference = msg.params - z
-        self.disagreement.observe(difference, z)
-        delta = difference * np.float32(msg.weight / total)
+        distance, own = float(np.linalg.norm(difference)), float(np.linalg.norm(z))
+        self.disagreement.observe_norms(distance, own)
+        # Refused (0): the weight is kept and z does not move (docstring, "Robust mixing").
+        clip = self.robust.screen(src, "params", distance, own, now)
+        delta = difference * np.float32(msg.weight / total * clip)
         self.port.add_delta(delta)
         self.weight = total
         self._round = max(self._round, msg.round)

@@ -17,6 +17,9 @@ def render_status(info: dict, console: Console | None = None) -> None:
     consensus = info.get("consensus")
     if consensus is not None:
         console.print(f"consensus estimate {consensus:.3g} (relative distance to partners' models)")
+    line = _robust_line(info)
+    if line:
+        console.print(line)
     line = _sync_line(info.get("sync") or {})
     if line:
         console.print(line)
@@ -37,6 +40,22 @@ def render_status(info: dict, console: Console | None = None) -> None:
         for peer, row in bw["links"].items():
             links.add_row(peer, str(row["throughput_mbit_s"]), str(row["exchange_ms"]), str(row["samples"]))
         console.print(links)
+
+
+def _robust_line(info: dict) -> str:
+    """Robust mixing: off, or what it clipped, refused and whom it shuns now."""
+    robust = info.get("robust")
+    if robust is None:
+        return ""
+    if not robust.get("enabled"):
+        return "robust mixing: off (--no-robust-mixing): every neighbour's vector is mixed as it comes"
+    avg = info.get("averaging") or {}
+    offenders = robust.get("offenders") or {}
+    shunned = [f"{p} ({o['excluded_for_s']:.0f}s left)" for p, o in offenders.items() if o.get("excluded_for_s", 0) > 0]
+    return (f"robust mixing: {avg.get('robust_clipped', 0)} clipped, {avg.get('robust_refused', 0)} refused, "
+            f"{avg.get('robust_dropped', 0)} dropped from {len(offenders)} offender(s)"
+            + (f"; excluded now: {', '.join(shunned)}" if shunned else "")
+            + (f"  [this node is HOSTILE: {info['hostile']}]" if info.get("hostile") else ""))
 
 
 def _sync_line(sync: dict) -> str:

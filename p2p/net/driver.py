@@ -49,8 +49,10 @@ class NetworkDriver:
     def __init__(self, transport: Transport, peer: Peer, advertise: str,
                  status_info: Callable[[], dict], state_reply: Callable[[], StateReply],
                  shutdown_grace_s: float, hooks: StepHooks | None = None,
-                 limits: Limits = DEFAULT_LIMITS, model_reply: Callable[[], ModelReply] | None = None) -> None:
+                 limits: Limits = DEFAULT_LIMITS, model_reply: Callable[[], ModelReply] | None = None,
+                 tamper: Callable[[object], object] | None = None) -> None:
         self.transport = transport
+        self.tamper = tamper  # test-only: a hostile peer rewrites what it sends (p2p/averaging/hostile.py)
         self.peer = peer
         self.advertise = advertise
         self.status_info = status_info
@@ -210,7 +212,8 @@ class NetworkDriver:
     def _send_all(self, sends: list[Send]) -> None:
         now = time.monotonic()
         for s in sends:
-            self.transport.send(s.to, encode(s.msg, self.advertise), now)
+            msg = s.msg if self.tamper is None else self.tamper(s.msg)
+            self.transport.send(s.to, encode(msg, self.advertise), now)
 
 
 def _frame_bytes(frame: object) -> int:

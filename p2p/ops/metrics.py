@@ -73,6 +73,20 @@ class SwarmCollector(Collector):
                      (s.get("bandwidth") or {}).get("interval_s"))
         yield _gauge("p2p_neighbours", "Neighbours this round", len(s.get("neighbours") or ()))
         yield _gauge("p2p_gate_timeouts", "Steps that went on without the algorithm's go-ahead", s.get("gate_timeouts", 0))
+        yield from self._robust(s, avg)
+
+    def _robust(self, s: dict, avg: dict) -> Iterator[Metric]:
+        """Robust mixing (p2p/averaging/robust.py): what it clipped, refused and shunned."""
+        screened = CounterMetricFamily("p2p_robust_mixing", "Neighbours' vectors robust mixing acted on, by action",
+                                       labels=["action"])
+        for action in ("clipped", "refused", "dropped"):
+            screened.add_metric([action], avg.get(f"robust_{action}", 0))
+        yield screened
+        yield CounterMetricFamily("p2p_robust_exclusions", "Times a repeat offender was excluded from neighbour choice",
+                                  value=avg.get("robust_exclusions", 0))
+        offenders = (s.get("robust") or {}).get("offenders") or {}
+        yield _gauge("p2p_robust_excluded_peers", "Peers excluded from neighbour choice right now",
+                     sum(1 for o in offenders.values() if o.get("excluded_for_s", 0) > 0))
 
     def _membership(self, s: dict) -> Iterator[Metric]:
         members = GaugeMetricFamily("p2p_members", "Members in this node's table, by state", labels=["state"])

@@ -79,6 +79,8 @@ class AvgSimConfig:
     heterogeneity: float = 1.0  # spread of the peers' own optima (avg_problems.Quadratics)
     init_spread: float = 1.0  # spread of the peers' initial models around the common one
     noise: float = 0.0  # std of Gaussian noise added to every gradient
+    hostile: tuple[int, ...] = ()  # these peers corrupt what they send (p2p/averaging/hostile.py); metrics leave them out
+    hostile_mode: str = "scale100"  # scale100 | noise | signflip
     config: Optional[AveragingConfig] = None  # None: sim_averaging_config(compute_s, algorithm, options)
     options: Any = None  # the algorithm's own config (None: sim_algorithm_options(algorithm))
     topology_options: Optional[dict] = None  # bound into the topology (random: degree, seed)

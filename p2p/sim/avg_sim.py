@@ -49,10 +49,11 @@ import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
+from p2p.averaging.hostile import Hostile
 from p2p.averaging.registry import make_averager, natural_topology
 from p2p.averaging.sgp import PushSumShare
 from p2p.gossip import ALIVE, DEAD, SUSPECT, Membership
@@ -139,6 +140,7 @@ class AvgSimulation:
         self.net = Network(self.loop, self.rng, total, cfg.loss, cfg.delay_s, cfg.jitter_s, cfg.bandwidth_bps)
         self.checker = InvariantChecker(cfg.seed) if cfg.check_invariants else None
         self.straggler_ids = set(range(cfg.peers - cfg.stragglers, cfg.peers))
+        self.tampers: dict[int, Callable[[object], object]] = {}  # hostile peers' message rewriters
         self.max_time = cfg.time_limit_s()
         self.next_joiner = cfg.peers
         self.joins_pending = cfg.churn.joins
@@ -241,6 +243,8 @@ class AvgSimulation:
         membership.on_change = self._hook(i)
         avg = make_averager(cfg.algorithm, self.averaging, port, random.Random(f"{cfg.seed}:avg:{i}"), now,
                             options=self.options)
+        if i in cfg.hostile:
+            self.tampers[i] = Hostile(cfg.hostile_mode, avg.MESSAGES, cfg.seed * 1000 + i).tamper
         slow = cfg.straggler_factor if i in self.straggler_ids else 1.0
         node = self.nodes[i] = SimNode(i, Peer(self.addrs[i], membership, avg, self.topology), port, cfg,
                                        self.problem, cfg.compute_s * slow)
@@ -295,8 +299,9 @@ class AvgSimulation:
             return
         src, now, net, index, wire = self.addrs[i], self.now, self.net, self.index, self.cfg.wire
         sized = wire or self.cfg.bandwidth_bps
+        tamper = self.tampers.get(i)
         for s in sends:
-            msg = s.msg
+            msg = s.msg if tamper is None else tamper(s.msg)
             weight = msg.weight if isinstance(msg, PushSumShare) else 0.0
             if isinstance(msg, MEMBERSHIP_MESSAGES):
                 self.membership_sent += 1
@@ -370,7 +375,8 @@ class AvgSimulation:
                       f"(joined {self.weight_expected}, lost {self.weight_lost})")
 
     def _metrics(self) -> tuple[float, float, int]:
-        live = tuple(self.running())
+        """Consensus distance and optimality gap of the live honest peers (hostile ones left out)."""
+        live = tuple(i for i in self.running() if i not in self.tampers)
         if not live:
             return math.nan, math.nan, 0
         xs = np.stack([self.nodes[i].port.snapshot().astype(np.float64) for i in live])

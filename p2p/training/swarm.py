@@ -49,6 +49,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from p2p.averaging.hostile import Hostile
 from p2p.averaging.registry import make_averager
 from p2p.config import SettingError, SwarmConfig, swarm_config
 from p2p.events import event
@@ -216,8 +217,10 @@ class Swarm:
         rounds = getattr(cfg.algorithm_options, "gossip_rounds", 1)
         # A safety net only: the algorithms' own round/exchange timeouts release the trainer first.
         self.hooks = StepHooks(averager, gate_timeout_s=3 * max(avg.exchange_timeout_s, avg.round_timeout_s * rounds))
+        # Test-only (``hostile``): corrupt what this member sends to its neighbours.
+        tamper = Hostile(cfg.hostile, averager.MESSAGES, rng.getrandbits(32)).tamper if cfg.hostile else None
         self._driver = NetworkDriver(transport, self.peer, self.address, self._status_now, self._state_reply,
-                                     avg.exchange_timeout_s, self.hooks, model_reply=self._model_reply)
+                                     avg.exchange_timeout_s, self.hooks, model_reply=self._model_reply, tamper=tamper)
 
     def _accept(self, state: TrainingState) -> None:
         """Load a donor's state (StateError: it does not fit; the next donor's replaces it)."""
@@ -426,6 +429,7 @@ class Swarm:
             "send_drops": t.send_drops, "transfers_abandoned": t.transfers_abandoned,
             "bulk_connections_refused": t.connections_refused, "rejected": dict(self._driver.rejected),
             "averaging": dict(peer.averager.stats), "consensus": peer.averager.disagreement.value,
+            "robust": peer.averager.robust.report(now), "hostile": self.config.hostile,
             "uptime_s": round(now - self._started_at, 3),
             "bandwidth": self._bandwidth(), "gate_timeouts": self.hooks.gate_timeouts,
             "sync": self._sync_status(), "served": list(peer.donor.served), "checkpoint": self._keeper.status(),

@@ -1,0 +1,202 @@
+"""Robust mixing: clip or refuse a peer's vector that is far from ours, shun repeat offenders.
+
+After ClippedGossip (He, Karimireddy, Jaggi, "Byzantine-robust decentralized learning via
+ClippedGossip", arXiv:2202.01545, 2022; ICLR 2023). Their update replaces the gossip step
+x_i += sum_j w_ij (x_j - x_i) by
+
+    x_i += sum_j w_ij CLIP(x_j - x_i, tau_i),   CLIP(z, tau) = min(1, tau / ||z||) z,
+
+so a neighbour moves us by at most w_ij tau_i however far its vector is: a Byzantine peer's
+influence is bounded, and an honest one within tau_i passes unchanged. Their adaptive
+clipping radius picks tau_i from the distances themselves, so that only the farthest
+neighbours are clipped. We do the same with what a peer can see
+locally and cheaply: tau = ``factor`` x the median of the recent distances (a window of
+the exchanges not refused, clipped ones counted as tau, plus the vectors of the round at hand:
+a minority of far ones cannot move a median), never below ``floor`` x our own norm (at consensus honest distances are ~0 and
+must not clip everything). With fewer than ``warmup`` distances seen there is nothing to take a
+median of; tau is then a guess, ``warmup_relative`` x our own norm, and what lies beyond
+``warmup_refuse_relative`` x our own norm is refused: honest models of one run start from one
+seed and stay far closer than that, while a negated model (-x) is 2 x away and a scaled one
+farther. Updates (pseudo-gradients, gradients) differ more between honest peers: their
+channels get ``update_warmup_scale`` times both. A refusal on the guess alone is no strike
+(models that legitimately started apart, a joiner without state sync, must not be shunned).
+
+Beyond clipping, a vector farther than ``refuse_factor`` x tau (and farther than
+``refuse_relative`` x our own norm, so rounding noise near consensus never counts; with a zero
+own vector there is no scale to judge by, and nothing is refused) is refused:
+not mixed at all, and a strike against its sender (ClippedGossip would clip it; refusing is the
+cheaper limit of the same rule and lets us count offenders). ``strikes`` refusals in a row
+exclude the sender from our neighbour choice for ``cooldown_s`` (doubling for each further
+exclusion, up to ``max_cooldown_s``); messages from an excluded peer are dropped unread
+(p2p/peer.py). One clean exchange clears the strikes.
+
+Distances are kept per *channel*: an algorithm that mixes several vectors (DiLoCo's outer
+parameters, pseudo-gradient and momentum) screens each against its own history, since their
+scales differ by orders of magnitude. The cost on the hot path is one norm of the difference,
+which the algorithms compute anyway for the consensus estimate (``Disagreement``).
+
+Pure state, no I/O: ``now`` is an argument. A clipped vector is not a strike: ClippedGossip
+clips honest peers too when they are the farthest of the round.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RobustConfig:
+    """The clipping rule's constants (module docstring)."""
+
+    enabled: bool = True
+    factor: float = 2.0  # tau = factor x median of recent distances
+    window: int = 64  # recent distances kept per channel
+    warmup: int = 3  # fewer distances than this: tau = warmup_relative x own norm
+    warmup_relative: float = 0.5  # the radius before ``warmup`` distances were seen, x own norm ...
+    warmup_refuse_relative: float = 1.7  # ... and what is refused then (x own norm; -x is 2 away)
+    update_channels: tuple[str, ...] = ("delta", "grad")  # updates, not models: peers' differ more ...
+    update_warmup_scale: float = 4.0  # ... so their warm-up radius and refusal are this many times wider
+    floor: float = 0.01  # tau never below floor x own norm
+    refuse_factor: float = 4.0  # beyond refuse_factor x tau ...
+    refuse_relative: float = 1.0  # ... and farther from us than our own norm: refused
+    strikes: int = 3  # refusals in a row that exclude a peer
+    cooldown_s: float = 30.0  # first exclusion; doubles per further exclusion
+    max_cooldown_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not (self.factor > 0 and self.window >= 1 and self.warmup >= 1 and self.warmup_relative > 0
+                and self.floor >= 0 and self.refuse_factor >= 1 and self.refuse_relative >= 0
+                and self.strikes >= 1 and 0 < self.cooldown_s <= self.max_cooldown_s):
+            raise ValueError(f"inconsistent robust mixing settings: {self}")
+
+
+REFUSED = 0.0  # the factor ``screen`` returns for a refused vector
+
+
+class RobustMixing:
+    """One per averager: the radius per channel, the strikes and exclusions per peer."""
+
+    def __init__(self, config: RobustConfig | bool, stats: dict[str, int]) -> None:
+        if isinstance(config, bool):  # AveragingConfig.robust_mixing: the default rule, on or off
+            config = RobustConfig(enabled=config)
+        self.config = config
+        self.enabled = config.enabled
+        self.stats = stats
+        for key in ("robust_clipped", "robust_refused", "robust_exclusions", "robust_dropped"):
+            stats.setdefault(key, 0)
+        self._history: dict[str, deque] = {}
+        self._strikes: dict[str, int] = {}
+        self._exclusions: dict[str, int] = {}  # peer -> times excluded (cool-down doubles)
+        self._excluded_until: dict[str, float] = {}
+        self.tau: dict[str, float] = {}  # the last radius per channel (status)
+        self.version = 0  # bumped when the excluded set changes (p2p/peer.py memoises on it)
+        # Whether the peer drops an excluded sender's messages unread (p2p/peer.py). Push-sum
+        # must not: a dropped share takes its weight with it, so SGP screens them instead
+        # (``screen`` refuses an excluded sender's vector and its weight is kept).
+        self.drops_excluded = True
+
+    # -- the clipping rule ------------------------------------------------------------------
+    def radius(self, channel: str, own_norm: float, current: Sequence[float] = ()) -> tuple[float, bool]:
+        """(tau, whether it rests on measured distances rather than the warm-up guess)."""
+        cfg = self.config
+        pool = list(self._history.get(channel, ())) + list(current)
+        if len(pool) < cfg.warmup:
+            scale = cfg.update_warmup_scale if channel in cfg.update_channels else 1.0
+            tau = scale * cfg.warmup_relative * own_norm if own_norm > 0 else float("inf")
+            return tau, False
+        tau = max(cfg.factor * float(np.median(pool)), cfg.floor * own_norm)
+        self.tau[channel] = tau
+        return tau, True
+
+    def screen(self, src: str, channel: str, distance: float, own_norm: float, now: float) -> float:
+        """The factor on ``x_j - x_i`` (``distance`` = its norm): 1 passes it, in (0, 1) clips
+        it to tau, ``REFUSED`` (0) refuses it."""
+        return self.screen_round(channel, [(src, distance)], own_norm, now)[0]
+
+    def screen_round(self, channel: str, entries: Sequence[tuple[str, float]], own_norm: float,
+                     now: float) -> list[float]:
+        """``screen`` for several neighbours' vectors of one round at once: the round's own
+        distances take part in the median, so a round with an honest majority is screened
+        correctly from the first round on."""
+        if not self.enabled or not entries:
+            return [1.0] * len(entries)
+        cfg = self.config
+        tau, settled = self.radius(channel, own_norm, [d for _, d in entries])
+        history = self._history.setdefault(channel, deque(maxlen=cfg.window))
+        factors = []
+        for src, distance in entries:
+            if src in self._excluded_until:
+                factors.append(REFUSED)
+                self.stats["robust_dropped"] += 1
+                continue
+            if settled:
+                refuse = distance > cfg.refuse_factor * tau and distance > cfg.refuse_relative * own_norm
+            else:
+                refuse = distance > tau / cfg.warmup_relative * cfg.warmup_refuse_relative
+            if not np.isfinite(distance) or (refuse and own_norm > 0):
+                factors.append(REFUSED)
+                self.stats["robust_refused"] += 1
+                if settled or not np.isfinite(distance):  # a guess alone strikes nobody
+                    self._strike(src, now)
+                continue
+            # A clipped distance is kept as tau: a far vector that is clipped, not refused, must
+            # not inflate the radius (each one it let through would move us further out, and
+            # then the next one looks nearer). Honest distances that grow still raise the median,
+            # by up to ``factor`` per half window. Refused ones stay out.
+            history.append(min(distance, tau))
+            if distance > tau:
+                factors.append(tau / distance)
+                self.stats["robust_clipped"] += 1
+            else:
+                factors.append(1.0)
+                self._strikes.pop(src, None)
+        return factors
+
+    def _strike(self, src: str, now: float) -> None:
+        strikes = self._strikes.get(src, 0) + 1
+        if strikes < self.config.strikes:
+            self._strikes[src] = strikes
+            return
+        self._strikes.pop(src, None)
+        times = self._exclusions.get(src, 0)
+        self._exclusions[src] = times + 1
+        cooldown = min(self.config.cooldown_s * 2 ** times, self.config.max_cooldown_s)
+        self._excluded_until[src] = now + cooldown
+        self.stats["robust_exclusions"] += 1
+        self.version += 1
+
+    # -- exclusion --------------------------------------------------------------------------
+    def is_excluded(self, src: str) -> bool:
+        return src in self._excluded_until
+
+    def drop(self, src: str) -> bool:
+        """True (and counted) when a message from ``src`` must be dropped unread."""
+        if self.drops_excluded and src in self._excluded_until:
+            self.stats["robust_dropped"] += 1
+            return True
+        return False
+
+    def allowed(self, neighbours: Iterable[str]) -> list[str]:
+        return [n for n in neighbours if n not in self._excluded_until]
+
+    def expire(self, now: float) -> None:
+        """End the cool-downs that are over (called from the peer's timer)."""
+        over = [p for p, until in self._excluded_until.items() if now >= until]
+        for p in over:
+            del self._excluded_until[p]
+        if over:
+            self.version += 1
+
+    def next_deadline(self) -> float:
+        return min(self._excluded_until.values(), default=float("inf"))
+
+    def report(self, now: float) -> dict:
+        """For status: on/off, the radius per channel, offenders and their cool-downs."""
+        offenders = {p: {"exclusions": n, "excluded_for_s": round(max(self._excluded_until.get(p, now) - now, 0.0), 1)}
+                     for p, n in self._exclusions.items()}
+        return {"enabled": self.enabled, "tau": {k: float(f"{v:.4g}") for k, v in self.tau.items()},
+                "offenders": offenders}
