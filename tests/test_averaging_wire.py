@@ -10,6 +10,7 @@ import pytest
 
 import p2p.averaging.registry  # noqa: F401  (registers every algorithm's messages)
 from p2p.averaging.diloco import OuterShare
+from p2p.averaging.outer_repair import RepairChunk, RepairRequest
 from p2p.averaging.dpsgd import DpsgdParams
 from p2p.averaging.elastic import ElasticReply, ElasticRequest
 from p2p.averaging.gossipgrad import GradientModelShare, GradientShare
@@ -28,11 +29,12 @@ SAMPLES = [
     GradientModelShare(round=4, step=40, degree=1, model_key="synthetic/12", grad=-PARAMS, params=PARAMS),
     OuterShare(round=6, step=600, degree=7, model_key="synthetic/12", params=PARAMS, delta=PARAMS / 3,
                sketch=PARAMS[:4], momentum=PARAMS / 5),
+    RepairChunk(round=6, offset=12, model_key="synthetic/12", data=PARAMS.astype(np.float16)),
 ]
 
 AVERAGING_TAGS = {20: "AvgRequest", 21: "AvgReply", 22: "PushSumShare", 23: "ElasticRequest",
                   24: "ElasticReply", 25: "DpsgdParams", 26: "GradientShare", 27: "GradientModelShare",
-                  28: "OuterShare"}
+                  28: "OuterShare", 29: "RepairRequest", 30: "RepairChunk"}
 
 
 def test_averaging_tags_are_pinned_and_inside_their_range():
@@ -41,7 +43,12 @@ def test_averaging_tags_are_pinned_and_inside_their_range():
 
 
 def test_every_averaging_message_has_a_sample():
-    assert {type(m).TAG for m in SAMPLES} == set(AVERAGING_TAGS) - {20, 21}
+    assert {type(m).TAG for m in SAMPLES} == set(AVERAGING_TAGS) - {20, 21, 29}  # no tensors: below
+
+
+def test_repair_request_round_trips():
+    msg = RepairRequest(round=6, offset=12, count=4, model_key="synthetic/12")
+    assert decode([bytes(f) for f in encode(msg, "10.0.0.1:7000")]) == ("10.0.0.1:7000", msg)
 
 
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)

@@ -45,20 +45,27 @@ computes the same averaged pseudo-gradient and the same outer step. No error fee
 outer step's quantisation error is a fresh ~1/254 (int8) or ~1/14 (int4) of a block's largest
 entry, not a bias; Streaming DiLoCo finds 4 bits lose nothing, as bench/diloco_sweep.py does here.
 
-theta_start travels only where the copies disagree. Every share carries a sketch of the
-sender's theta_start (``SKETCH_SIZE`` entries at fixed, evenly spread positions). Peers that
-mixed the same averaged Delta keep identical copies (up to float rounding: each sums in its own
-order), so the sketches agree and theta_start stays home. A round that timed out, a lost share
-or a joiner (which starts from the seed's model) leaves copies apart by far more than rounding
-(a missed Delta moves every entry); when a round's sketches from a neighbour differ from ours by
-more than ``SKETCH_RTOL`` (relative), both sides send theta_start to each other in the next
-round, with the outer momentum, and that round's mix pulls both together (on ``full``: one
-exact average; a repaired theta_start with momenta still apart would drift again). A round whose
-shares carried theta_start is not compared (its mix is the repair). A left-out theta_start is
-an empty tensor, which the round mixes as "equal to mine". With int4 an outer step then moves
-~N/7 of a model per neighbour instead of 3N. With ``gossip_rounds`` > 1 (sparse graphs,
-where no round is an exact average and the copies are never equal) theta_start and the momentum
-travel in every round.
+theta_start never travels in the rounds on ``full`` (``gossip_rounds`` = 1). Every share carries
+a sketch of the sender's theta_start (``SKETCH_SIZE`` entries at fixed, evenly spread
+positions). Peers that mixed the same averaged Delta keep identical copies (up to float
+rounding: each sums in its own order), so the sketches agree. A missed round, a cut link or a
+joiner (which starts from the seed's model) leaves copies apart by far more than rounding (a
+missed Delta moves every entry): then the peers outside the largest group of matching
+sketches pull the swarm's (theta_start, momentum) from one donor, in chunks, in the
+background, and replay the outer steps since (p2p/averaging/outer_repair.py: sized from the
+measured link, at most one in flight, a retry never larger than the attempt before; training
+never waits for it). With int4 an outer step moves ~N/7 of a model per neighbour instead of 3N.
+With ``gossip_rounds`` > 1 (sparse graphs, where no round is an exact average and the copies
+are never equal) theta_start and the momentum travel in every round (a left-out one is an
+empty tensor, which the round mixes as "equal to mine").
+
+Round deadlines on ``full`` follow the link (issue 16): a round waits at most ``ROUND_SLACK``
+times the usual wait for all shares (an EWMA of the rounds that completed, so the bytes / the
+measured rate and the neighbours' skew; doubled after each round that timed out), between
+``MIN_ROUND_TIMEOUT_S`` and ``round_timeout_s``. A neighbour whose share missed a round is not
+waited for until a share of its arrives again (a cut peer costs the others one short timeout,
+not one per round), and the round's mix is the plain average of the shares that arrived, so the
+peers that got the same shares keep the same copy (rounds.py, ``uniform``).
 
 Robust mixing (``robust_mixing``, on by default; p2p/averaging/robust.py, after ClippedGossip):
 each neighbour's pseudo-gradient, and its theta_start and momentum when they travel, is
@@ -78,10 +85,13 @@ from typing import Sequence
 
 import numpy as np
 
+from p2p.averaging.outer_repair import (RepairChunk, RepairDonor, RepairPuller, RepairRequest, propagate,
+                                        reference_group)
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
                                decoded_params, state_array, state_int)
 from p2p.averaging.robust import RobustMixing
 from p2p.averaging.rounds import NeighbourRounds
+from p2p.bandwidth import BandwidthMonitor
 from p2p.compression import compressor_from_config, decompress
 from p2p.compression.messages import CompressedFields, compressed_fields
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
@@ -93,6 +103,10 @@ SKETCH_SIZE = 256  # entries of theta_start in a share's sketch
 # drifts copies apart by ~1e-7 per outer step; one missed Delta moves them by ~1e-2.
 SKETCH_RTOL = 1e-4
 _NO_PARAMS = np.empty(0, dtype=np.float32)
+ROUND_SLACK = 3.0  # a round waits at most this many times its usual wait (module docstring)
+MIN_ROUND_TIMEOUT_S = 2.0
+WAIT_EWMA_ALPHA = 0.2
+_SELF = ""  # our own key among the sketches (no address is empty)
 
 
 @dataclass(frozen=True)
@@ -156,6 +170,10 @@ def _received_state(msg, port: ModelPort):
     return msg.params, msg.momentum
 
 
+def _share_bytes(msg) -> int:
+    return sum(getattr(msg, f).nbytes for f in msg.__dataclass_fields__ if isinstance(getattr(msg, f), np.ndarray))
+
+
 def _check_sketch(sketch: np.ndarray, positions: np.ndarray) -> None:
     if not isinstance(sketch, np.ndarray) or sketch.dtype != np.float32 or sketch.shape != positions.shape:
         raise RemoteProtocolError("bad_tensor", f"sketch {getattr(sketch, 'dtype', type(sketch))}"
@@ -167,7 +185,7 @@ class DiLoCo(AsynchronousHooks):
 
     name = "diloco"
     natural_topology = "full"
-    MESSAGES = (OuterShare, OuterShareQ)
+    MESSAGES = (OuterShare, OuterShareQ, RepairRequest, RepairChunk)
     CODECS = CODECS
     Config = DiLoCoConfig
     default_round_timeout_s = 20.0  # its rounds move whole models once per H steps (12 MB at 20 Mbit/s: 5 s)
@@ -183,21 +201,40 @@ class DiLoCo(AsynchronousHooks):
         self.port = port
         self._compressor = None if config.compression == "none" else compressor_from_config(config)
         self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0}
+        # Repairs (outer_repair.py): pulls started / completed / failed, outer steps taken while
+        # one was in flight, bytes pulled and served, chunks that missed their deadline.
+        for key in ("repairs_started", "repairs_completed", "repairs_failed", "repair_rounds", "repair_bytes",
+                    "repair_bytes_served", "repair_chunks_missed", "repair_chunks_unasked", "repair_stale"):
+            self.stats[key] = 0
         # How far the outer parameters (the swarm's model) are apart: from the sketches, and from
         # theta_start itself in the rounds that carry it.
         self.disagreement = Disagreement()
         self.robust = RobustMixing(config.robust_mixing, self.stats)
+        # Several gossip rounds per outer step (sparse graphs) leave every copy a little apart by
+        # design: theta_start is mixed in every round there, as the averaging needs.
+        self._params_every_round = self.options.gossip_rounds > 1
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement,
-                                       robust=self.robust, channels=("params", "delta", "momentum"))
+                                       robust=self.robust, channels=("params", "delta", "momentum"),
+                                       uniform=not self._params_every_round)
         self._start = port.snapshot()  # theta_start: the model before the first inner step
         self._positions = sketch_positions(self._start.size)
         self._sketch = self._start[self._positions]  # ours, of the round in flight
         self._theirs: dict[int, dict[str, np.ndarray]] = {}  # round -> sender -> sketch, no params
         self._sent_params: set[str] = set()  # whom we sent theta_start in the round in flight
-        self._repair: set[str] = set()  # send theta_start to these in the next round
-        # Several gossip rounds per outer step (sparse graphs) leave every copy a little apart by
-        # design: theta_start is mixed in every round there, as the averaging needs.
-        self._params_every_round = self.options.gossip_rounds > 1
+        # Repair (outer_repair.py): the link estimates its deadlines come from, both sides of
+        # the pull, and what the pull needs once the round in flight ended.
+        self.monitor = BandwidthMonitor()
+        self._donor = RepairDonor(self._start.size, port.model_key, self.stats)
+        self._puller = RepairPuller(self._start.size, port.model_key, self.monitor, self.stats,
+                                    config.round_timeout_s)
+        self._pull_from: str | None = None  # the donor to pull from after this outer step
+        self._fresh_from = 0  # rounds begun before this one compared copies from before a repair
+        self._outbox: list[Send] = []  # donor chunks due at an outer step (sent from tick)
+        # Round deadlines (module docstring): the usual wait, and who is not waited for.
+        self._wait_ewma: float | None = None
+        self._began_at = 0.0
+        self._wait_for: frozenset = frozenset()
+        self._absent: set[str] = set()
         self._momentum = np.zeros_like(self._start)
         self._syncing = False  # between the boundary and the outer step
         self._payload: tuple[np.ndarray, ...] = ()
@@ -243,7 +280,12 @@ class DiLoCo(AsynchronousHooks):
         self._sketch = start[self._positions]
 
     def next_deadline(self) -> float:
-        return min(self._rounds.deadline, self._continue_at)
+        if self._outbox or (self._puller.done is not None and not self._syncing):
+            return -math.inf  # chunks to send, a pulled state to apply: tick does it now
+        repair = self._puller.next_deadline()
+        if self._syncing and self._puller.pull is not None and self._puller.pull.asked_at == math.inf:
+            repair = math.inf  # the next chunk waits for our round to end (its traffic goes first)
+        return min(self._rounds.deadline, self._continue_at, repair)
 
     @property
     def outer_parameters(self) -> np.ndarray:
@@ -279,16 +321,16 @@ class DiLoCo(AsynchronousHooks):
     def _begin(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         self._continue_at = math.inf
         start, delta, momentum = self._payload
-        r = self._rounds.begin(now, neighbours, self._payload, round=self._serving)
+        if self._params_every_round:
+            r = self._rounds.begin(now, neighbours, self._payload, round=self._serving)
+        else:
+            self._wait_for = frozenset(j for j in neighbours if j not in self._absent)
+            r = self._rounds.begin(now, neighbours, self._payload, round=self._serving,
+                                   timeout_s=self._round_timeout(), wait_for=self._wait_for)
+        self._began_at = now
         self._serving = None
         self._sketch = start[self._positions]
-        # A rotating topology (hypercube, one-peer-exponential) pairs us with someone else each
-        # round: copies apart from one peer are likely apart from this round's, so repair with them.
-        if self._params_every_round:
-            self._sent_params = set(neighbours)
-        else:
-            self._sent_params = (self._repair & set(neighbours)) or (set(neighbours) if self._repair else set())
-        self._repair = set()
+        self._sent_params = set(neighbours) if self._params_every_round else set()
         self.stats["params_sent"] += len(self._sent_params)
         sends = []
         for params, mom in ((_NO_PARAMS, _NO_PARAMS), (start, momentum)):
@@ -307,17 +349,48 @@ class DiLoCo(AsynchronousHooks):
         return sends
 
     def _compare_sketches(self, r: int, refused: frozenset) -> None:
-        """Round ``r`` finished: whose theta_start copy is apart from ours (module docstring).
-        A neighbour robust mixing refused this round is no copy to repair."""
+        """Round ``r`` finished: are we outside the largest group of matching theta_start copies?
+        Then pull the swarm's from one of that group after this outer step (module docstring,
+        outer_repair.py). A neighbour robust mixing refused this round is no copy to compare."""
         theirs = self._theirs.pop(r, {})
         self._theirs = {k: v for k, v in self._theirs.items() if k > r}
+        sketches = {}
         for src, sketch in theirs.items():
             if src in refused:
                 continue
             self.disagreement.observe(sketch - self._sketch, self._sketch)
-            if src not in self._sent_params and sketches_differ(self._sketch, sketch):
-                self._repair.add(src)
+            if sketches_differ(self._sketch, sketch):
                 self.stats["copies_apart"] += 1
+            sketches[src] = sketch
+        if self._params_every_round or self._done or not sketches or r < self._fresh_from or self._puller.active:
+            return  # sparse graphs mix theta_start in every round; one repair at a time
+        reference = reference_group({**sketches, _SELF: self._sketch}, sketches_differ)
+        if _SELF in reference:
+            return
+        links = self.monitor.links
+        self._pull_from = max(sorted(reference), key=lambda j: links[j].throughput_bps or 0 if j in links else 0)
+
+    def _round_timeout(self) -> float:
+        """This round's deadline (module docstring): ``ROUND_SLACK`` x the usual wait."""
+        cap = self.config.round_timeout_s
+        if self._wait_ewma is None:
+            return cap
+        return min(cap, max(MIN_ROUND_TIMEOUT_S, ROUND_SLACK * self._wait_ewma))
+
+    def _observe_wait(self, mixed, now: float) -> None:
+        """Learn the usual wait from a round that got every share it waited for; double it
+        after one that timed out (so slower links never keep rounds timing out); whoever we
+        waited for in vain is not waited for until its shares come again."""
+        missing = self._wait_for - mixed.senders
+        self._absent |= missing
+        cap = self.config.round_timeout_s
+        if missing:
+            if self._wait_ewma is not None:
+                self._wait_ewma = min(cap, 2 * self._wait_ewma)
+        elif self._wait_for:
+            wait = now - self._began_at
+            self._wait_ewma = wait if self._wait_ewma is None else (
+                (1 - WAIT_EWMA_ALPHA) * self._wait_ewma + WAIT_EWMA_ALPHA * wait)
 
     def _poll(self, now: float) -> None:
         if not self._rounds.ready(now):
@@ -325,6 +398,8 @@ class DiLoCo(AsynchronousHooks):
         tau = self.config.staleness_tau if self.config.staleness_aware else None
         r = self._rounds.round
         mixed = self._rounds.finish(self.port.step, tau, now)
+        if not self._params_every_round:
+            self._observe_wait(mixed, now)
         self._compare_sketches(r, mixed.refused)
         self._payload = mixed.payload
         self._packed = None
@@ -346,7 +421,31 @@ class DiLoCo(AsynchronousHooks):
         self._syncing = False
         self._payload = ()
         self.stats["outer_steps"] += 1
+        if self._puller.active:
+            self.stats["repair_rounds"] += 1
+        state = (self._start, self._momentum)
+        self._outbox += self._donor.outer_step(self._rounds.round, state, now)
+        self._apply_repair()
+        if self._pull_from is not None:
+            self._puller.begin(self._pull_from, self._rounds.round, state, now)
+            self._pull_from = None
         self._serve(now)  # finished: a neighbour may have begun the next round already
+
+    def _apply_repair(self) -> None:
+        """A finished pull (outer_repair.py, "Replay"): move our theta_start, momentum and model
+        by the donor's difference, carried through the outer steps taken since its round."""
+        if self._syncing:
+            return
+        done = self._puller.take()
+        if done is None:
+            return
+        d_start, d_momentum = done.start - done.own_start, done.momentum - done.own_momentum
+        opts = self.options
+        propagate(d_start, d_momentum, self._rounds.round - done.round, opts.outer_lr, opts.outer_momentum)
+        self._start = self._start + d_start
+        self._momentum = self._momentum + d_momentum
+        self.port.add_delta(d_start)  # the model keeps its inner progress on the new theta_start
+        self._fresh_from = self._rounds.round
 
     # -- step hooks ---------------------------------------------------------------------------
     def gate_wanted(self, step: int) -> bool:
@@ -375,6 +474,11 @@ class DiLoCo(AsynchronousHooks):
 
     # -- network ------------------------------------------------------------------------------
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
+        if isinstance(msg, RepairRequest):
+            return self._donor.receive(src, msg, self._rounds.round, (self._start, self._momentum), now)
+        if isinstance(msg, RepairChunk):
+            self._puller.receive(src, msg, now)
+            return []
         if isinstance(msg, OuterShare):
             check_params(msg.delta, msg.model_key, self.port)
             delta = msg.delta
@@ -384,6 +488,12 @@ class DiLoCo(AsynchronousHooks):
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a DiLoCo message")
         params, momentum = _received_state(msg, self.port)
         _check_sketch(msg.sketch, self._positions)
+        if msg.round >= self._rounds.round - 1:
+            self._absent.discard(src)  # in step with us again (a late share by one round: a straggler)
+            if self._syncing and msg.round == self._rounds.round and now > self._began_at:
+                # A lower bound on the link's rate (the wait includes the sender's skew):
+                # enough for a first repair deadline, refined by the repair's own chunks.
+                self.monitor.observe(src, _share_bytes(msg), now - self._began_at)
         if self._rounds.offer(src, msg.round, msg.degree, msg.step, (params, delta, momentum)) and params is None:
             buffered = self._rounds.buffered()  # keep sketches only as long as the rounds do
             self._theirs = {k: v for k, v in self._theirs.items() if k in buffered}
@@ -394,9 +504,11 @@ class DiLoCo(AsynchronousHooks):
         return []
 
     def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
-        if not self._syncing:
-            return []
-        if now >= self._continue_at:
-            return self._begin(now, neighbours)
-        self._poll(now)
-        return []
+        sends, self._outbox = self._outbox, []
+        self._apply_repair()
+        if self._syncing:
+            if now >= self._continue_at:
+                sends += self._begin(now, neighbours)
+            else:
+                self._poll(now)
+        return sends + self._puller.tick(now, may_ask=not self._syncing)

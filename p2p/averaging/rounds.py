@@ -80,6 +80,7 @@ class Mixed:
     received: int  # how many neighbours' vectors went in
     expected: int  # how many were awaited
     refused: frozenset = frozenset()  # senders whose vectors robust mixing refused this round
+    senders: frozenset = frozenset()  # whose vectors arrived for the round (refused ones included)
 
 
 class NeighbourRounds:
@@ -88,8 +89,14 @@ class NeighbourRounds:
 
     def __init__(self, timeout_s: float, stats: dict[str, int], prefix: str = "",
                  disagreement: Optional[Disagreement] = None, model_index: int = 0,
-                 robust: Optional[RobustMixing] = None, channels: tuple[str, ...] = ()) -> None:
+                 robust: Optional[RobustMixing] = None, channels: tuple[str, ...] = (),
+                 uniform: bool = False) -> None:
         self.timeout_s = timeout_s
+        # Mix the plain average of ours and the vectors that arrived, instead of Metropolis-
+        # Hastings weights: on a full graph in one round (DiLoCo's all-reduce) every peer that
+        # got the same vectors then holds the same average even when some neighbour's vector
+        # is missing (with MH weights its share would stay on each peer's own, all different).
+        self.uniform = uniform
         self.robust = robust  # robust mixing (p2p/averaging/robust.py); None: mix as they come
         self.channels = channels  # the robust screen's channel name per payload vector
         self.disagreement = disagreement  # fed each neighbour's vector at ``model_index`` (the model)
@@ -99,6 +106,7 @@ class NeighbourRounds:
         self.deadline = INF
         self._behind = False  # a neighbour is far enough ahead that we should jump
         self._expected = 0
+        self._wait_for: Optional[frozenset] = None  # the senders a round waits for (None: any ``_expected``)
         self._degree = 0
         self._own: tuple[np.ndarray, ...] = ()
         self._inbox: dict[int, dict[str, Entry]] = {}
@@ -148,9 +156,13 @@ class NeighbourRounds:
         self._inbox = {k: v for k, v in self._inbox.items() if k >= self.round}
 
     def begin(self, now: float, neighbours: Sequence[str], payload: tuple[np.ndarray, ...],
-              round: Optional[int] = None) -> int:
+              round: Optional[int] = None, timeout_s: Optional[float] = None,
+              wait_for: Optional[Sequence[str]] = None) -> int:
         """Start the next round with our ``payload``; returns its number (tag the sends with it).
-        ``round`` (>= ours) begins that round instead: a finished peer answering ``serve_round``."""
+        ``round`` (>= ours) begins that round instead: a finished peer answering ``serve_round``.
+        ``timeout_s`` replaces the configured timeout for this round; ``wait_for`` (a subset of
+        ``neighbours``) names the neighbours the round waits for (the others' vectors are mixed
+        when they come in time, but the round does not wait for them)."""
         if self.waiting:
             raise AssertionError("begin() while a round is in flight")
         r = self.next_round() if round is None else round
@@ -163,8 +175,12 @@ class NeighbourRounds:
         if r >= self._nudge:
             self._nudge = -1
         self.waiting, self._behind = True, False
-        self.deadline = now + self.timeout_s
+        self.deadline = now + (self.timeout_s if timeout_s is None else timeout_s)
         self._expected = self._degree = len(neighbours)
+        self._wait_for = None
+        if wait_for is not None:
+            self._wait_for = frozenset(wait_for)
+            self._expected = len(self._wait_for)
         self._own = payload
         self._count("exchanges_started")
         return r
@@ -206,8 +222,9 @@ class NeighbourRounds:
         """The round in flight can be finished (all in, timed out, or we fell behind)."""
         if not self.waiting:
             return False
-        got = len(self._inbox.get(self.round, ()))
-        return got >= self._expected or now >= self.deadline or self._behind
+        box = self._inbox.get(self.round, {})
+        done = len(box) >= self._expected if self._wait_for is None else self._wait_for.issubset(box)
+        return done or now >= self.deadline or self._behind
 
     def finish(self, my_step: int, staleness_tau: Optional[float] = None, now: float = 0.0) -> Mixed:
         """Mix what arrived for the round in flight and move to the next round. With ``robust``
@@ -223,14 +240,17 @@ class NeighbourRounds:
         clips, refused, distances = self._screen(box, own, own_norms, now)
         entries = [(src, e) for src, e in box.items() if src not in refused]
         acc = [np.zeros_like(a) for a in own]
-        weights = [1.0 / (1.0 + max(self._degree, e.degree)) for _, e in entries]
+        if self.uniform:
+            weights = [1.0 / (1.0 + len(entries))] * len(entries)
+        else:
+            weights = [1.0 / (1.0 + max(self._degree, e.degree)) for _, e in entries]
         if staleness_tau is not None:
             weights = [w * staleness_weight(my_step, e.step, staleness_tau) for w, (_, e) in zip(weights, entries)]
         # A Metropolis-Hastings row leaves at least 1/(1 + d_i) on ourselves. More senders than
         # neighbours (views that disagree) must not push our own weight below that: scale down.
         cap = self._degree / (1.0 + self._degree)
         total = sum(weights)
-        if total > cap:
+        if total > cap and not self.uniform:
             weights = [w * cap / total for w in weights]
         watch = self.disagreement is not None and entries and self.model_index < len(own)
         for w, (src, entry) in zip(weights, entries):
@@ -245,11 +265,12 @@ class NeighbourRounds:
                         self.disagreement.observe_norms(distance, own_norms[k])
         mixed = tuple(mine + delta for mine, delta in zip(own, acc))
         self._count("exchanges_completed")
-        if len(box) < self._expected:
+        short = len(box) < self._expected if self._wait_for is None else not self._wait_for.issubset(box)
+        if short:
             self._count("rounds_partial")
-        if len(box) < self._expected and max(self._inbox, default=-1) >= self.round + 2:
+        if short and max(self._inbox, default=-1) >= self.round + 2:
             self._behind = True  # out of step: we missed vectors while others are 2+ rounds on
-        result = Mixed(mixed, tuple(acc), len(entries), self._expected, frozenset(refused))
+        result = Mixed(mixed, tuple(acc), len(entries), self._expected, frozenset(refused), frozenset(box))
         self.round += 1
         self.waiting, self.deadline, self._own = False, INF, ()
         return result

@@ -1,0 +1,316 @@
+"""Repairing a DiLoCo peer whose copy of the outer parameters fell apart: pull from one donor.
+
+Why. DiLoCo's workers share theta_start by construction (Douillard et al., arXiv:2311.08105,
+Alg. 1); here each peer holds its own copy (p2p/averaging/diloco.py), and a missed round, a
+cut link or a joiner leaves copies apart. Mixing the copies in the next round (both sides send
+theta_start and the outer momentum to each other) costs 2 x 8N bytes per pair: at 20 Mbit/s
+on a 2 M-parameter model that outlasts the round timeout, the round fails, the copies stay
+apart and the next round tries the same again, for ever (issue 16). So a repair here is
+a pull, sized and scheduled so that it cannot feed on itself:
+
+- **Who repairs.** After each round, the sketches of theta_start (ours and the neighbours',
+  all taken at the same round's start) are grouped (``reference_group``): the largest group of
+  matching sketches is the reference; a tie goes to the group holding the smallest sketch (as
+  bytes: every peer on ``full`` sees the same sketches and picks the same group, without
+  knowing its own address). Only a peer outside the reference group repairs; the others do
+  nothing, so no repair ever answers another.
+- **From whom, what.** From ONE donor of the reference group (the fastest measured link): its
+  theta_start in float32 and its outer momentum in float16 (6 bytes per parameter, once),
+  as of one outer round (the donor captures it when it reaches the round asked for, and
+  serves every chunk of the transfer from that capture).
+- **In the background.** ``CHUNK_ENTRIES`` at a time (each chunk is a bulk-stream message),
+  one chunk in flight, requested only between our outer rounds (the round's own traffic goes
+  first). Training never waits for it: no step hook looks at a repair.
+- **Bounded.** At most one repair in flight. A chunk's deadline is its bytes / the measured
+  link rate (p2p/bandwidth.py: from earlier chunks, else from the round shares) x
+  ``DEADLINE_SLACK``; a missed chunk is asked for again, the same chunk, with a doubled
+  deadline; after ``MAX_CHUNK_TRIES`` the attempt is dropped and the next one, after a
+  doubling backoff, moves exactly the same bytes. Nothing ever sends more than the last
+  attempt did.
+- **Replay.** The pulled (theta_start, m) are the donor's after outer round R; we kept our own
+  (theta_start, m) of round R when we asked. With the same averaged pseudo-gradients D in
+  the rounds since (we took part in them), the outer step
+  ``m <- mu m + D; theta <- theta - lr (D + mu m)`` moves the difference between two copies
+  by a linear map independent of D (``propagate``): so we add the propagated difference to our
+  current theta_start, our momentum and our model (the model keeps its inner progress as a
+  delta) and rejoin the compressed rounds with the swarm's copy, as Streaming DiLoCo's workers
+  rejoin a synchronisation of fragments they missed (Douillard et al., arXiv:2501.18512).
+
+States (puller): idle -> pulling (chunks, one in flight) -> done (correction waiting for our
+next idle moment) -> idle; a failed attempt -> idle with ``retry_at``. Donor: captures keyed
+by outer round (at most ``MAX_CAPTURES``), requests for a round it has not reached yet wait
+for it (at most ``MAX_PENDING``); a request for a round it has passed gets an empty chunk
+naming its round (the puller drops that attempt and asks again later).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from p2p.bandwidth import BandwidthMonitor
+from p2p.protocol import RemoteProtocolError, Send
+from p2p.wire import message
+
+CHUNK_ENTRIES = 256 * 1024  # float32 entries of theta_start per chunk (1 MiB: a bulk-stream message)
+DEADLINE_SLACK = 4.0  # a chunk may take this many times its bytes / the measured rate
+MIN_DEADLINE_S = 0.5  # ... but never less (a round trip, a busy donor)
+MAX_CHUNK_TRIES = 3  # asks for one chunk before the attempt is dropped
+MAX_BACKOFF_S = 60.0
+MAX_CAPTURES = 2  # outer rounds a donor keeps captured for transfers in progress
+MAX_PENDING = 16  # requests a donor keeps for rounds it has not reached
+CAPTURE_IDLE_S = 60.0  # a capture no request asked for this long is dropped
+STALE = -1  # RepairChunk.offset of "I am past that round" (data empty, round = mine)
+
+
+@message(29)
+@dataclass(frozen=True)
+class RepairRequest:
+    round: int  # the outer round whose (theta_start, momentum) we want (the state after it)
+    offset: int  # first entry of the chunk, in [0, 2 numel): theta_start, then momentum
+    count: int  # entries wanted
+    model_key: str
+
+
+@message(30)
+@dataclass(frozen=True)
+class RepairChunk:
+    round: int  # the round of the capture the chunk comes from (another than asked: stale)
+    offset: int  # as asked, or STALE
+    model_key: str
+    data: np.ndarray  # float32 (theta_start part) or float16 (momentum part); empty when STALE
+
+
+def reference_group(sketches: dict[str, np.ndarray], differ: Callable[[np.ndarray, np.ndarray], bool]) -> set[str]:
+    """The keys of the largest group of matching sketches (module docstring). Greedy and
+    deterministic: members in order of their sketch's bytes each join the first group whose
+    first member they match; ties between groups go to the earliest group."""
+    order = sorted(sketches, key=lambda k: (sketches[k].tobytes(), k))
+    groups: list[list[str]] = []
+    for key in order:
+        for group in groups:
+            if not differ(sketches[group[0]], sketches[key]):
+                group.append(key)
+                break
+        else:
+            groups.append([key])
+    return set(max(groups, key=len)) if groups else set()
+
+
+def propagate(d_start: np.ndarray, d_momentum: np.ndarray, steps: int, lr: float, mu: float) -> None:
+    """Carry the difference between two copies of (theta_start, m) through ``steps`` outer
+    steps that used the same D (in place): d_m <- mu d_m; d_theta <- d_theta - lr mu d_m."""
+    for _ in range(steps):
+        d_momentum *= np.float32(mu)
+        d_start -= np.float32(lr * mu) * d_momentum
+
+
+def entries_dtype(offset: int, numel: int) -> type:
+    return np.float32 if offset < numel else np.float16
+
+
+def chunk_bounds(numel: int) -> list[tuple[int, int]]:
+    """(offset, count) of every chunk of theta_start ‖ momentum; no chunk spans the two."""
+    out = []
+    for base in (0, numel):
+        out += [(base + o, min(CHUNK_ENTRIES, numel - o)) for o in range(0, numel, CHUNK_ENTRIES)]
+    return out
+
+
+def chunk_bytes(offset: int, count: int, numel: int) -> int:
+    return count * (4 if offset < numel else 2)
+
+
+class RepairDonor:
+    """Serves (theta_start, momentum) of one outer round in chunks (module docstring)."""
+
+    def __init__(self, numel: int, model_key: str, stats: dict[str, int]) -> None:
+        self.numel, self.model_key, self.stats = numel, model_key, stats
+        self._captures: dict[int, tuple[np.ndarray, np.ndarray, float]] = {}  # round -> (start, m16, last use)
+        self._pending: list[tuple[str, RepairRequest]] = []
+
+    def receive(self, src: str, msg: RepairRequest, current: int, state: tuple[np.ndarray, np.ndarray],
+                now: float) -> list[Send]:
+        if msg.model_key != self.model_key:
+            raise RemoteProtocolError("wrong_model", f"peer trains {msg.model_key!r}, we train {self.model_key!r}")
+        if msg.round < 0 or not 0 <= msg.offset < 2 * self.numel or not 0 < msg.count <= CHUNK_ENTRIES \
+                or (msg.offset < self.numel) != (msg.offset + msg.count <= self.numel) \
+                or msg.offset + msg.count > 2 * self.numel:
+            raise RemoteProtocolError("bad_value", f"repair request round {msg.round} [{msg.offset}, +{msg.count})")
+        if msg.round in self._captures:
+            return [self._serve(src, msg, now)]
+        if msg.round == current:
+            self._capture(current, state, now)
+            return [self._serve(src, msg, now)]
+        if msg.round > current:  # we have not reached it yet: serve it when we do
+            self._pending = [(s, m) for s, m in self._pending if s != src][-(MAX_PENDING - 1):] + [(src, msg)]
+            return []
+        return [Send(src, RepairChunk(current, STALE, self.model_key, np.empty(0, np.float32)))]
+
+    def outer_step(self, current: int, state: tuple[np.ndarray, np.ndarray], now: float) -> list[Send]:
+        """We reached round ``current``: serve the requests that waited for it."""
+        self._captures = {r: c for r, c in self._captures.items() if now - c[2] < CAPTURE_IDLE_S}
+        due = [(s, m) for s, m in self._pending if m.round <= current]
+        self._pending = [(s, m) for s, m in self._pending if m.round > current]
+        sends = []
+        for src, msg in due:
+            if msg.round == current:
+                self._capture(current, state, now)
+                sends.append(self._serve(src, msg, now))
+            else:
+                sends.append(Send(src, RepairChunk(current, STALE, self.model_key, np.empty(0, np.float32))))
+        return sends
+
+    def _capture(self, round: int, state: tuple[np.ndarray, np.ndarray], now: float) -> None:
+        if round not in self._captures:
+            start, momentum = state
+            while len(self._captures) >= MAX_CAPTURES:
+                del self._captures[min(self._captures, key=lambda r: self._captures[r][2])]
+            self._captures[round] = (start.copy(), momentum.astype(np.float16), now)
+
+    def _serve(self, src: str, msg: RepairRequest, now: float) -> Send:
+        start, m16, _ = self._captures[msg.round]
+        self._captures[msg.round] = (start, m16, now)
+        if msg.offset < self.numel:
+            data = start[msg.offset:msg.offset + msg.count]
+        else:
+            data = m16[msg.offset - self.numel:msg.offset - self.numel + msg.count]
+        self.stats["repair_bytes_served"] += data.nbytes
+        return Send(src, RepairChunk(msg.round, msg.offset, self.model_key, data))
+
+
+@dataclass
+class _Pull:
+    donor: str
+    round: int
+    own_start: np.ndarray  # our theta_start and momentum as of ``round`` (the replay's base)
+    own_momentum: np.ndarray
+    start: np.ndarray  # what arrived so far
+    momentum: np.ndarray
+    chunks: list[tuple[int, int]]  # still to fetch, in order
+    asked_at: float = math.inf  # when the chunk in flight was asked for (inf: none in flight)
+    deadline: float = math.inf
+    tries: int = 0  # asks of the chunk at the head of ``chunks``
+    next_ask: float = 0.0  # the next chunk is not asked for before (pacing)
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """A finished pull: the donor's (theta_start, momentum) after ``round``, and ours then."""
+
+    round: int
+    start: np.ndarray
+    momentum: np.ndarray
+    own_start: np.ndarray
+    own_momentum: np.ndarray
+
+
+class RepairPuller:
+    """The repairing side: at most one pull in flight (module docstring)."""
+
+    def __init__(self, numel: int, model_key: str, monitor: BandwidthMonitor, stats: dict[str, int],
+                 fallback_timeout_s: float) -> None:
+        self.numel, self.model_key, self.monitor, self.stats = numel, model_key, monitor, stats
+        self.fallback_timeout_s = fallback_timeout_s  # a chunk's deadline before any rate is measured
+        self.pull: Optional[_Pull] = None
+        self.retry_at = -math.inf  # no new attempt before this (backoff after a failed one)
+        self._backoff_s = 0.0
+        self.done: Optional[Pulled] = None  # finished, not applied yet
+
+    @property
+    def active(self) -> bool:
+        return self.pull is not None or self.done is not None
+
+    def begin(self, donor: str, round: int, own: tuple[np.ndarray, np.ndarray], now: float) -> bool:
+        """Start pulling round ``round`` from ``donor`` (False: one in flight, or backing off)."""
+        if self.active or now < self.retry_at:
+            return False
+        n = self.numel
+        self.pull = _Pull(donor, round, own[0].copy(), own[1].copy(), np.empty(n, np.float32),
+                          np.empty(n, np.float32), chunk_bounds(n))
+        self.stats["repairs_started"] += 1
+        return True
+
+    def next_deadline(self) -> float:
+        p = self.pull
+        if p is None:
+            return math.inf
+        return p.deadline if p.asked_at < math.inf else p.next_ask
+
+    def tick(self, now: float, may_ask: bool) -> list[Send]:
+        """Ask for the next chunk when none is in flight (``may_ask``: not during our outer
+        round), or again after a missed deadline."""
+        p = self.pull
+        if p is None:
+            return []
+        if p.asked_at < math.inf:
+            if now < p.deadline:
+                return []
+            # Missed: the same chunk again with a doubled deadline, or drop the attempt.
+            self.stats["repair_chunks_missed"] += 1
+            if p.tries >= MAX_CHUNK_TRIES:
+                self._fail(now)
+                return []
+            p.asked_at, p.deadline = math.inf, math.inf
+        if not may_ask or now < p.next_ask:
+            return []
+        offset, count = p.chunks[0]
+        p.asked_at = now
+        p.deadline = now + min(MAX_BACKOFF_S, self._chunk_timeout(offset, count) * 2 ** p.tries)
+        p.tries += 1
+        return [Send(p.donor, RepairRequest(p.round, offset, count, self.model_key))]
+
+    def _chunk_timeout(self, offset: int, count: int) -> float:
+        link = self.monitor.links.get(self.pull.donor) if self.pull else None
+        rate = link.throughput_bps if link is not None else None
+        if not rate:
+            return self.fallback_timeout_s
+        return max(MIN_DEADLINE_S, DEADLINE_SLACK * chunk_bytes(offset, count, self.numel) / rate)
+
+    def _fail(self, now: float) -> None:
+        p = self.pull
+        self.pull = None
+        self.stats["repairs_failed"] += 1
+        expected = sum(self._chunk_timeout(o, c) for o, c in p.chunks) / DEADLINE_SLACK if p.chunks else 1.0
+        self._backoff_s = min(MAX_BACKOFF_S, max(2 * self._backoff_s, expected, MIN_DEADLINE_S))
+        self.retry_at = now + self._backoff_s
+
+    def receive(self, src: str, msg: RepairChunk, now: float) -> None:
+        if msg.model_key != self.model_key:
+            raise RemoteProtocolError("wrong_model", f"peer trains {msg.model_key!r}, we train {self.model_key!r}")
+        p = self.pull
+        if p is None or src != p.donor or p.asked_at == math.inf:
+            self.stats["repair_chunks_unasked"] += 1
+            return
+        if msg.offset == STALE:  # the donor is past the round we asked: ask again later
+            self.stats["repair_stale"] += 1
+            self._fail(now)
+            return
+        offset, count = p.chunks[0]
+        if msg.round != p.round or msg.offset != offset:
+            self.stats["repair_chunks_unasked"] += 1  # a late answer to an earlier ask
+            return
+        want = entries_dtype(offset, self.numel)
+        if not isinstance(msg.data, np.ndarray) or msg.data.dtype != want or msg.data.shape != (count,):
+            raise RemoteProtocolError("bad_tensor", f"repair chunk {getattr(msg.data, 'dtype', '?')}"
+                                                    f"{list(getattr(msg.data, 'shape', ()))}, want {np.dtype(want)}[{count}]")
+        if offset < self.numel:
+            p.start[offset:offset + count] = msg.data
+        else:
+            p.momentum[offset - self.numel:offset - self.numel + count] = msg.data
+        self.monitor.observe(src, msg.data.nbytes, now - p.asked_at)
+        self.stats["repair_bytes"] += msg.data.nbytes
+        p.chunks.pop(0)
+        p.asked_at, p.deadline, p.tries, p.next_ask = math.inf, math.inf, 0, now
+        if not p.chunks:
+            self.done = Pulled(p.round, p.start, p.momentum, p.own_start, p.own_momentum)
+            self.pull, self._backoff_s = None, 0.0
+
+    def take(self) -> Optional[Pulled]:
+        done, self.done = self.done, None
+        if done is not None:
+            self.stats["repairs_completed"] += 1
+        return done

@@ -1,0 +1,265 @@
+"""DiLoCo's repair of copies that fell apart (issue 16): a pull from one donor, bounded, in the
+background, that cannot feed on itself. Pure protocol on a logical clock, every message
+through the real wire codec, no sleeps."""
+
+import random
+
+import numpy as np
+import pytest
+
+from p2p.averaging.base import AveragingConfig
+from p2p.averaging.diloco import MIN_ROUND_TIMEOUT_S, DiLoCo, DiLoCoConfig, sketches_differ
+from p2p.averaging.outer_repair import (CHUNK_ENTRIES, MAX_CHUNK_TRIES, STALE, RepairChunk, RepairRequest,
+                                        chunk_bounds, propagate, reference_group)
+from p2p.protocol import RemoteProtocolError
+from p2p.sim.avg_port import ArrayPort
+from p2p.wire import decode, encode
+
+N = 300_000  # two theta_start chunks and one momentum chunk... (CHUNK_ENTRIES = 256 Ki)
+KEY = f"m/{N}"
+H = 4
+
+
+class Swarm:
+    """Peers on a full graph, a logical clock and a network that can cut a peer off. Every
+    message goes through encode/decode; ``sent`` counts the bytes each peer put on the wire."""
+
+    def __init__(self, starts, codec="int4", drop=lambda src, dst, msg: False, timeout_s=10.0):
+        self.names = [f"p{i}" for i in range(len(starts))]
+        self.peers = {}
+        for name, start in zip(self.names, starts):
+            config = AveragingConfig(round_timeout_s=timeout_s, robust_mixing=False, compression=codec)
+            port = ArrayPort(np.asarray(start, np.float32), KEY, immediate=True)
+            self.peers[name] = (port, DiLoCo(config, port, random.Random(0), 0.0,
+                                             DiLoCoConfig(inner_steps=H, outer_lr=0.7, outer_momentum=0.9)))
+        self.now = 0.0
+        self.cut: set[str] = set()
+        self.drop = drop
+        self.sent = {n: 0 for n in self.names}
+        self.kinds = {n: {} for n in self.names}
+        self.gate_waits = {n: 0.0 for n in self.names}  # simulated seconds a trainer waited at the gate
+
+    def alg(self, name):
+        return self.peers[name][1]
+
+    def others(self, name):
+        return [n for n in self.names if n != name]
+
+    def send(self, src, sends):
+        queue = [(src, s) for s in sends]
+        while queue:
+            src, s = queue.pop(0)
+            frames = encode(s.msg, src)
+            nbytes = sum(len(bytes(f)) for f in frames)
+            self.sent[src] += nbytes
+            kind = type(s.msg).__name__
+            self.kinds[src][kind] = self.kinds[src].get(kind, 0) + nbytes
+            if src in self.cut or s.to in self.cut or self.drop(src, s.to, s.msg):
+                continue
+            _, msg = decode([bytes(f) for f in frames])
+            out = self.alg(s.to).receive(src, msg, self.now, self.others(s.to))
+            queue += [(s.to, x) for x in out]
+
+    def settle(self, until):
+        """Run every peer's timers up to ``until`` (each at its own deadline)."""
+        while True:
+            due = [(self.alg(n).next_deadline(), n) for n in self.names]
+            t, name = min(due)
+            if t > until:
+                self.now = until
+                return
+            self.now = max(self.now, t)
+            self.send(name, self.alg(name).tick(self.now, self.others(name)))
+
+    def outer_round(self, rng, inner_s=1.0):
+        """H inner steps on every peer (``inner_s`` of simulated compute), then the boundary:
+        every trainer waits at its gate until its round ended; the clock runs meanwhile."""
+        for port, _ in self.peers.values():
+            port.x -= rng.standard_normal(N).astype(np.float32) * 0.01
+            port.step += H
+        self.settle(self.now + inner_s)
+        for name in self.names:
+            port, alg = self.peers[name]
+            self.send(name, alg.after_step(port.step, self.now, self.others(name)))
+        began = self.now
+        waiting = set(self.names)
+        while waiting:
+            for name in sorted(waiting):
+                if self.alg(name).may_step(self.peers[name][0].step + 1, self.now):
+                    waiting.discard(name)
+                    self.gate_waits[name] += self.now - began
+            if waiting:
+                self.settle(self.now + 0.05)
+
+    def bytes_now(self):
+        return dict(self.sent)
+
+
+def starts(k, apart=()):
+    base = np.random.default_rng(7).standard_normal(N).astype(np.float32)
+    return [base + (1.0 if i in apart else 0.0) for i in range(k)]
+
+
+def agree(swarm, names):
+    ref = swarm.alg(names[0]).outer_parameters
+    return all(np.allclose(swarm.alg(n).outer_parameters, ref, rtol=0, atol=1e-4) for n in names[1:])
+
+
+def test_a_copy_apart_is_pulled_from_one_donor_and_rounds_return_to_int4():
+    rng = np.random.default_rng(0)
+    s = Swarm(starts(4, apart={3}))
+    per_round = []
+    for _ in range(6):
+        before = s.bytes_now()
+        s.outer_round(rng)
+        per_round.append({n: s.sent[n] - before[n] for n in s.names})
+    p3 = s.alg("p3")
+    assert p3.stats["repairs_started"] == p3.stats["repairs_completed"] == 1
+    assert all(s.alg(n).stats["repairs_started"] == 0 for n in ("p0", "p1", "p2"))  # only the minority repairs
+    # ONE donor served it, exactly theta_start in float32 and the momentum in float16 (6 bytes a parameter).
+    served = [s.alg(n).stats["repair_bytes_served"] for n in ("p0", "p1", "p2")]
+    assert sorted(served) == [0, 0, 6 * N] and p3.stats["repair_bytes"] == 6 * N
+    assert agree(s, s.names)
+    # No theta_start in any round share; the last rounds carry int4 Deltas only (~N/2 bytes per neighbour).
+    int4_round = 3 * (N // 2 + 4096)
+    assert all(b < int4_round * 1.3 for b in per_round[-1].values())
+    assert s.kinds["p3"].get("RepairRequest", 0) < 2000
+
+
+def test_the_repaired_model_keeps_its_inner_progress():
+    rng = np.random.default_rng(1)
+    s = Swarm(starts(3, apart={2}))
+    s.outer_round(rng)  # sketches compared: p2 pulls after this outer step
+    port, alg = s.peers["p2"]
+    progress = port.x - alg.outer_parameters
+    s.settle(s.now + 5.0)  # the pull runs between outer rounds: the trainer is not gated
+    assert alg.stats["repairs_completed"] == 1 and not alg.busy()
+    np.testing.assert_allclose(port.x - alg.outer_parameters, progress, atol=1e-5)
+    np.testing.assert_allclose(alg.outer_parameters, s.alg("p0").outer_parameters, atol=1e-4)
+
+
+def test_a_peer_cut_off_for_two_rounds_is_repaired_and_the_others_do_not_wait_for_it_each_round():
+    rng = np.random.default_rng(2)
+    s = Swarm(starts(4))
+    for _ in range(3):
+        s.outer_round(rng)
+    usual = {n: s.gate_waits[n] for n in s.names}
+    s.cut = {"p3"}
+    for _ in range(3):
+        s.outer_round(rng)
+    waited = {n: s.gate_waits[n] - usual[n] for n in ("p0", "p1", "p2")}
+    # One short timeout (a few times the usual wait, not round_timeout_s per round), then no wait.
+    assert all(w <= MIN_ROUND_TIMEOUT_S + 0.5 for w in waited.values()), waited
+    assert agree(s, ["p0", "p1", "p2"])  # the same shares arrived: the same plain average
+    assert not agree(s, s.names)
+    s.cut = set()
+    per_round = []
+    for _ in range(5):
+        before = s.bytes_now()
+        s.outer_round(rng)
+        per_round.append(sum(s.sent[n] - before[n] for n in s.names))
+    assert agree(s, s.names)
+    assert s.alg("p3").stats["repairs_completed"] == 1
+    assert sum(s.alg(n).stats["repairs_started"] for n in s.names) == 1
+    int4_round = 4 * 3 * (N // 2 + 4096)
+    assert all(b < int4_round * 1.3 for b in per_round[-2:]), per_round
+
+
+def test_a_failed_repair_never_grows_and_backs_off():
+    rng = np.random.default_rng(3)
+    # The donors never answer a repair: every chunk misses its deadline.
+    # No link rate measured (shares arrive at once here): a chunk's first deadline is the round timeout.
+    s = Swarm(starts(3, apart={2}), drop=lambda src, dst, msg: isinstance(msg, RepairChunk), timeout_s=2.0)
+    asks = []
+    real_send = s.send
+
+    def spy(src, sends):
+        for x in sends:
+            if isinstance(x.msg, RepairRequest):
+                asks.append((s.now, x.msg.round, x.msg.offset, x.msg.count))
+        real_send(src, sends)
+
+    s.send = spy
+    for _ in range(30):
+        s.outer_round(rng, inner_s=3.0)
+    alg = s.alg("p2")
+    assert alg.stats["repairs_failed"] >= 2 and alg.stats["repairs_completed"] == 0
+    # Every ask is the first chunk (no attempt asks for more than the one before), at most
+    # MAX_CHUNK_TRIES per attempt, and the gaps between attempts grow.
+    assert {(o, c) for _, _, o, c in asks} == {chunk_bounds(N)[0]}
+    attempts = sorted({r for _, r, _, _ in asks})
+    per_attempt = [sum(1 for _, r, _, _ in asks if r == a) for a in attempts]
+    assert max(per_attempt) <= MAX_CHUNK_TRIES
+    firsts = [min(t for t, r, _, _ in asks if r == a) for a in attempts]
+    gaps = np.diff(firsts)
+    assert len(gaps) >= 2 and gaps[-1] >= gaps[0]
+    assert s.gate_waits["p2"] <= s.gate_waits["p0"] + 1.0  # training never waited for it
+
+
+def test_a_stale_or_wrong_chunk_is_dropped_and_a_hostile_one_rejected():
+    s = Swarm(starts(2, apart={1}))
+    rng = np.random.default_rng(4)
+    s.outer_round(rng)
+    alg = s.alg("p1")
+    assert alg._puller.pull is not None or alg.stats["repairs_completed"] == 1
+    donor = alg._puller.pull.donor if alg._puller.pull else "p0"
+    with pytest.raises(RemoteProtocolError) as err:
+        alg.receive(donor, RepairChunk(0, 0, "other/1", np.zeros(4, np.float32)), s.now, ["p0"])
+    assert err.value.reason == "wrong_model"
+    with pytest.raises(RemoteProtocolError) as err:
+        s.alg("p0").receive("p1", RepairRequest(0, 2 * N, 10, KEY), s.now, ["p1"])
+    assert err.value.reason == "bad_value"
+    with pytest.raises(RemoteProtocolError):  # a chunk spanning theta_start and the momentum
+        s.alg("p0").receive("p1", RepairRequest(0, N - 5, 10, KEY), s.now, ["p1"])
+    before = dict(alg.stats)
+    alg.receive("p0", RepairChunk(0, 0, KEY, np.zeros(4, np.float32)), s.now, ["p0"])  # nobody asked
+    assert alg.stats["repair_chunks_unasked"] == before["repair_chunks_unasked"] + 1
+
+
+def test_a_donor_past_the_round_says_so_and_one_not_there_yet_answers_when_it_is():
+    s = Swarm(starts(2))
+    donor = s.alg("p0")
+    r = donor._rounds.round
+    stale = donor.receive("p1", RepairRequest(r - 1, 0, 10, KEY), 0.0, ["p1"]) if r else []
+    if r:
+        assert stale[0].msg.offset == STALE
+    assert donor.receive("p1", RepairRequest(r + 1, 0, 10, KEY), 0.0, ["p1"]) == []  # waits for round r + 1
+    rng = np.random.default_rng(5)
+    s.drop = lambda src, dst, msg: isinstance(msg, RepairChunk)  # keep the answer for us
+    s.outer_round(rng)
+    out = donor.tick(s.now, ["p1"]) if donor.next_deadline() == -np.inf else []
+    assert out == [] or out[0].msg.round == r + 1  # served at the outer step (tick flushed it)
+    assert donor.stats["repair_bytes_served"] == 40
+
+
+def test_reference_group_is_the_largest_and_ties_go_the_same_way_for_everyone():
+    a, b = np.zeros(8, np.float32), np.ones(8, np.float32)
+    assert reference_group({"x": a, "y": b, "z": b.copy()}, sketches_differ) == {"y", "z"}
+    # A tie: every peer (whatever it calls itself) picks the same group.
+    one = reference_group({"": a, "q": b}, sketches_differ)
+    two = reference_group({"p": a, "": b}, sketches_differ)
+    assert {k or "me" for k in one} == {"me"} and two == {"p"}  # both pick the copy at a
+
+
+def test_propagate_matches_two_copies_stepped_with_the_same_pseudo_gradients():
+    rng = np.random.default_rng(6)
+    lr, mu = 0.7, 0.9
+    t1, m1 = rng.standard_normal(50).astype(np.float32), rng.standard_normal(50).astype(np.float32)
+    t2, m2 = rng.standard_normal(50).astype(np.float32), rng.standard_normal(50).astype(np.float32)
+    d_t, d_m = t2 - t1, m2 - m1
+    for _ in range(5):
+        delta = rng.standard_normal(50).astype(np.float32)
+        m1 = mu * m1 + delta
+        t1 = t1 - lr * (delta + mu * m1)
+        m2 = mu * m2 + delta
+        t2 = t2 - lr * (delta + mu * m2)
+    propagate(d_t, d_m, 5, lr, mu)
+    np.testing.assert_allclose(d_t, t2 - t1, atol=1e-4)
+    np.testing.assert_allclose(d_m, m2 - m1, atol=1e-4)
+
+
+def test_chunks_cover_both_halves_and_stay_under_the_limit():
+    bounds = chunk_bounds(N)
+    assert all(c <= CHUNK_ENTRIES for _, c in bounds)
+    assert sum(c for o, c in bounds if o < N) == N and sum(c for o, c in bounds if o >= N) == N
+    assert all((o < N) == (o + c <= N) for o, c in bounds)
