@@ -15,7 +15,8 @@ a pull, sized and scheduled so that it cannot feed on itself:
   knowing its own address). Only a peer outside the reference group repairs; the others do
   nothing, so no repair ever answers another.
 - **From whom, what.** From ONE donor of the reference group (the fastest measured link): its
-  theta_start in float32 and its outer momentum in float16 (6 bytes per parameter, once),
+  theta_start in float32 and its outer momentum in float16 (6 bytes per parameter, once;
+  a momentum beyond float16's range goes as float32),
   as of one outer round (the donor captures it when it reaches the round asked for, and
   serves every chunk of the transfer from that capture).
 - **In the background.** ``CHUNK_ENTRIES`` at a time (each chunk is a bulk-stream message),
@@ -108,10 +109,6 @@ def propagate(d_start: np.ndarray, d_momentum: np.ndarray, steps: int, lr: float
         d_start -= np.float32(lr * mu) * d_momentum
 
 
-def entries_dtype(offset: int, numel: int) -> type:
-    return np.float32 if offset < numel else np.float16
-
-
 def chunk_bounds(numel: int) -> list[tuple[int, int]]:
     """(offset, count) of every chunk of theta_start ‖ momentum; no chunk spans the two."""
     out = []
@@ -169,7 +166,10 @@ class RepairDonor:
             start, momentum = state
             while len(self._captures) >= MAX_CAPTURES:
                 del self._captures[min(self._captures, key=lambda r: self._captures[r][2])]
-            self._captures[round] = (start.copy(), momentum.astype(np.float16), now)
+            m16 = momentum.astype(np.float16)
+            if not np.isfinite(m16).all():  # beyond float16's range: send it as it is
+                m16 = momentum.copy()
+            self._captures[round] = (start.copy(), m16, now)
 
     def _serve(self, src: str, msg: RepairRequest, now: float) -> Send:
         start, m16, _ = self._captures[msg.round]
@@ -293,10 +293,11 @@ class RepairPuller:
         if msg.round != p.round or msg.offset != offset:
             self.stats["repair_chunks_unasked"] += 1  # a late answer to an earlier ask
             return
-        want = entries_dtype(offset, self.numel)
-        if not isinstance(msg.data, np.ndarray) or msg.data.dtype != want or msg.data.shape != (count,):
+        want = (np.float32,) if offset < self.numel else (np.float16, np.float32)
+        if not isinstance(msg.data, np.ndarray) or msg.data.dtype not in want or msg.data.shape != (count,):
             raise RemoteProtocolError("bad_tensor", f"repair chunk {getattr(msg.data, 'dtype', '?')}"
-                                                    f"{list(getattr(msg.data, 'shape', ()))}, want {np.dtype(want)}[{count}]")
+                                                    f"{list(getattr(msg.data, 'shape', ()))}, want float32[{count}]"
+                                                    " (float16 for the momentum)")
         if offset < self.numel:
             p.start[offset:offset + count] = msg.data
         else:
