@@ -17,9 +17,9 @@ def render_status(info: dict, console: Console | None = None) -> None:
     consensus = info.get("consensus")
     if consensus is not None:
         console.print(f"consensus estimate {consensus:.3g} (relative distance to partners' models)")
-    line = _robust_line(info)
-    if line:
-        console.print(line)
+    for line in (_robust_line(info), _repair_line(info)):
+        if line:
+            console.print(line)
     line = _sync_line(info.get("sync") or {})
     if line:
         console.print(line)
@@ -40,6 +40,20 @@ def render_status(info: dict, console: Console | None = None) -> None:
         for peer, row in bw["links"].items():
             links.add_row(peer, str(row["throughput_mbit_s"]), str(row["exchange_ms"]), str(row["samples"]))
         console.print(links)
+
+
+def repair_summary(avg: dict) -> str:
+    """DiLoCo's repairs of copies apart (p2p/averaging/outer_repair.py), or "" for other algorithms."""
+    if "repairs_started" not in avg:
+        return ""
+    return (f"repairs {avg['repairs_completed']}/{avg['repairs_started']} ({avg.get('repairs_failed', 0)} failed, "
+            f"{avg.get('repair_rounds', 0)} rounds, {avg.get('repair_bytes', 0) / 1e6:.1f} MB pulled, "
+            f"{avg.get('repair_bytes_served', 0) / 1e6:.1f} MB served)")
+
+
+def _repair_line(info: dict) -> str:
+    line = repair_summary(info.get("averaging") or {})
+    return f"theta_start {line}: copies apart pulled from one donor" if line else ""
 
 
 def _robust_line(info: dict) -> str:

@@ -74,6 +74,18 @@ class SwarmCollector(Collector):
         yield _gauge("p2p_neighbours", "Neighbours this round", len(s.get("neighbours") or ()))
         yield _gauge("p2p_gate_timeouts", "Steps that went on without the algorithm's go-ahead", s.get("gate_timeouts", 0))
         yield from self._robust(s, avg)
+        if "repairs_started" in avg:  # DiLoCo's repairs of copies apart (p2p/averaging/outer_repair.py)
+            repairs = CounterMetricFamily("p2p_repairs", "Repairs of theta_start copies apart, by outcome",
+                                          labels=["outcome"])
+            for outcome in ("started", "completed", "failed"):
+                repairs.add_metric([outcome], avg.get(f"repairs_{outcome}", 0))
+            yield repairs
+            yield CounterMetricFamily("p2p_repair_rounds", "Outer rounds taken while a repair was in flight",
+                                      value=avg.get("repair_rounds", 0))
+            moved = CounterMetricFamily("p2p_repair_bytes", "Repair payload bytes, by direction", labels=["direction"])
+            moved.add_metric(["pulled"], avg.get("repair_bytes", 0))
+            moved.add_metric(["served"], avg.get("repair_bytes_served", 0))
+            yield moved
 
     def _robust(self, s: dict, avg: dict) -> Iterator[Metric]:
         """Robust mixing (p2p/averaging/robust.py): what it clipped, refused and shunned."""

@@ -161,11 +161,15 @@ class Node:
                 "bytes_received": s.get("bytes_received", 0), "codec": bw.get("codec"),
                 "pause_s": bw.get("interval_s"), "rejected": sum(s.get("rejected", {}).values()),
                 "consensus": s.get("consensus"), "robust_refused": avg.get("robust_refused", 0),
-                "robust_exclusions": avg.get("robust_exclusions", 0)})
+                "robust_exclusions": avg.get("robust_exclusions", 0),
+                "repairs": avg.get("repairs_completed"), "repair_rounds": avg.get("repair_rounds"),
+                "repair_bytes": avg.get("repair_bytes")})
         return (f"{'done' if final else s['phase']:9s} step {s['step']:6d}  loss {s['loss']:.4f}  "
                 f"acc {s['accuracy']:.4f}  {s['steps_per_s']:6.1f} step/s  "
                 f"neighbours {len(s.get('neighbours', ()))}  exchanges {avg.get('exchanges_completed', 0)}"
                 f"/{avg.get('exchanges_started', 0)}  sent {s.get('bytes_sent', 0) / 1e6:.1f} MB  "
                 f"recv {s.get('bytes_received', 0) / 1e6:.1f} MB  codec {bw.get('codec', '-')}  "
                 f"pause {bw.get('interval_s', math.nan):.2f}s  rejected {sum(s.get('rejected', {}).values())}"
-                + (f"  refused {avg['robust_refused']}" if avg.get("robust_refused") else ""))
+                + (f"  refused {avg['robust_refused']}" if avg.get("robust_refused") else "")
+                + (f"  repairs {avg['repairs_completed']}/{avg['repairs_started']} in {avg['repair_rounds']} rounds "
+                   f"{avg['repair_bytes'] / 1e6:.1f} MB" if "repairs_started" in avg else ""))
