@@ -219,7 +219,7 @@ class DiLoCo(AsynchronousHooks):
         self._start = port.snapshot()  # theta_start: the model before the first inner step
         self._positions = sketch_positions(self._start.size)
         self._sketch = self._start[self._positions]  # ours, of the round in flight
-        self._theirs: dict[int, dict[str, np.ndarray]] = {}  # round -> sender -> sketch, no params
+        self._theirs: dict[int, dict[str, tuple[np.ndarray, int]]] = {}  # round -> sender -> (sketch, step)
         self._sent_params: set[str] = set()  # whom we sent theta_start in the round in flight
         # Repair (outer_repair.py): the link estimates its deadlines come from, both sides of
         # the pull, and what the pull needs once the round in flight ended.
@@ -282,10 +282,7 @@ class DiLoCo(AsynchronousHooks):
     def next_deadline(self) -> float:
         if self._outbox or (self._puller.done is not None and not self._syncing):
             return -math.inf  # chunks to send, a pulled state to apply: tick does it now
-        repair = self._puller.next_deadline()
-        if self._syncing and self._puller.pull is not None and self._puller.pull.asked_at == math.inf:
-            repair = math.inf  # the next chunk waits for our round to end (its traffic goes first)
-        return min(self._rounds.deadline, self._continue_at, repair)
+        return min(self._rounds.deadline, self._continue_at, self._puller.next_deadline())
 
     @property
     def outer_parameters(self) -> np.ndarray:
@@ -355,16 +352,16 @@ class DiLoCo(AsynchronousHooks):
         theirs = self._theirs.pop(r, {})
         self._theirs = {k: v for k, v in self._theirs.items() if k > r}
         sketches = {}
-        for src, sketch in theirs.items():
+        for src, (sketch, step) in theirs.items():
             if src in refused:
                 continue
             self.disagreement.observe(sketch - self._sketch, self._sketch)
             if sketches_differ(self._sketch, sketch):
                 self.stats["copies_apart"] += 1
-            sketches[src] = sketch
+            sketches[src] = (sketch, step)
         if self._params_every_round or self._done or not sketches or r < self._fresh_from or self._puller.active:
             return  # sparse graphs mix theta_start in every round; one repair at a time
-        reference = reference_group({**sketches, _SELF: self._sketch}, sketches_differ)
+        reference = reference_group({**sketches, _SELF: (self._sketch, self.port.step)}, sketches_differ)
         if _SELF in reference:
             return
         links = self.monitor.links
@@ -497,7 +494,7 @@ class DiLoCo(AsynchronousHooks):
         if self._rounds.offer(src, msg.round, msg.degree, msg.step, (params, delta, momentum)) and params is None:
             buffered = self._rounds.buffered()  # keep sketches only as long as the rounds do
             self._theirs = {k: v for k, v in self._theirs.items() if k in buffered}
-            self._theirs.setdefault(msg.round, {})[src] = msg.sketch.copy()  # off the receive buffer
+            self._theirs.setdefault(msg.round, {})[src] = (msg.sketch.copy(), msg.step)  # off the receive buffer
         if self._syncing and self._continue_at == math.inf:
             self._poll(now)
         self._serve(now)
@@ -511,4 +508,4 @@ class DiLoCo(AsynchronousHooks):
                 sends += self._begin(now, neighbours)
             else:
                 self._poll(now)
-        return sends + self._puller.tick(now, may_ask=not self._syncing)
+        return sends + self._puller.tick(now)

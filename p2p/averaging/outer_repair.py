@@ -9,25 +9,26 @@ apart and the next round tries the same again, for ever (issue 16). So a repair 
 a pull, sized and scheduled so that it cannot feed on itself:
 
 - **Who repairs.** After each round, the sketches of theta_start (ours and the neighbours',
-  all taken at the same round's start) are grouped (``reference_group``): the largest group of
-  matching sketches is the reference; a tie goes to the group holding the smallest sketch (as
-  bytes: every peer on ``full`` sees the same sketches and picks the same group, without
-  knowing its own address). Only a peer outside the reference group repairs; the others do
-  nothing, so no repair ever answers another.
+  all taken at the same round's start) pick a reference (``reference_group``): the medoid,
+  which with k equal copies and a few apart lies in the largest group (ties: the most trained
+  copy, then the smallest sketch as bytes; every peer on ``full`` sees the same shares and
+  picks the same, without knowing its own address). Only a peer whose copy does not match the
+  reference repairs; the others do nothing, so no repair ever answers another.
 - **From whom, what.** From ONE donor of the reference group (the fastest measured link): its
   theta_start in float32 and its outer momentum in float16 (6 bytes per parameter, once;
   a momentum beyond float16's range goes as float32),
   as of one outer round (the donor captures it when it reaches the round asked for, and
   serves every chunk of the transfer from that capture).
 - **In the background.** ``CHUNK_ENTRIES`` at a time (each chunk is a bulk-stream message),
-  one chunk in flight, requested only between our outer rounds (the round's own traffic goes
-  first). Training never waits for it: no step hook looks at a repair.
+  one chunk in flight, the next asked for as soon as one arrived: the pull shares the link with
+  the rounds for the few seconds it takes (a one-off cost of 6 bytes a parameter), rather than
+  spreading over many rounds. Training never waits for it: no step hook looks at a repair.
 - **Bounded.** At most one repair in flight. A chunk's deadline is its bytes / the measured
   link rate (p2p/bandwidth.py: from earlier chunks, else from the round shares) x
-  ``DEADLINE_SLACK``; a missed chunk is asked for again, the same chunk, with a doubled
-  deadline; after ``MAX_CHUNK_TRIES`` the attempt is dropped and the next one, after a
-  doubling backoff, moves exactly the same bytes. Nothing ever sends more than the last
-  attempt did.
+  ``DEADLINE_SLACK``; a late chunk gets doubled deadlines, not a second copy on a link that
+  is already too slow; then the attempt fails and, after a doubling backoff, the same chunk
+  is asked for again (``RepairPuller``): a retry never moves more than the attempt before,
+  and the chunks already in are kept.
 - **Replay.** The pulled (theta_start, m) are the donor's after outer round R; we kept our own
   (theta_start, m) of round R when we asked. With the same averaged pseudo-gradients D in
   the rounds since (we took part in them), the outer step
@@ -37,8 +38,9 @@ a pull, sized and scheduled so that it cannot feed on itself:
   delta) and rejoin the compressed rounds with the swarm's copy, as Streaming DiLoCo's workers
   rejoin a synchronisation of fragments they missed (Douillard et al., arXiv:2501.18512).
 
-States (puller): idle -> pulling (chunks, one in flight) -> done (correction waiting for our
-next idle moment) -> idle; a failed attempt -> idle with ``retry_at``. Donor: captures keyed
+States (puller): idle -> pulling (one chunk in flight, or backing off after a failed attempt)
+-> done (the correction waits for our next idle moment) -> idle; pulling -> idle when the donor
+no longer holds the round or after ``MAX_ATTEMPTS`` failed attempts. Donor: captures keyed
 by outer round (at most ``MAX_CAPTURES``), requests for a round it has not reached yet wait
 for it (at most ``MAX_PENDING``); a request for a round it has passed gets an empty chunk
 naming its round (the puller drops that attempt and asks again later).
@@ -59,7 +61,8 @@ from p2p.wire import message
 CHUNK_ENTRIES = 256 * 1024  # float32 entries of theta_start per chunk (1 MiB: a bulk-stream message)
 DEADLINE_SLACK = 4.0  # a chunk may take this many times its bytes / the measured rate
 MIN_DEADLINE_S = 0.5  # ... but never less (a round trip, a busy donor)
-MAX_CHUNK_TRIES = 3  # asks for one chunk before the attempt is dropped
+MAX_CHUNK_TRIES = 3  # deadlines (each twice the one before) a chunk gets before its attempt fails
+MAX_ATTEMPTS = 4  # failed attempts before the pull is dropped (the sketches decide again)
 MAX_BACKOFF_S = 60.0
 MAX_CAPTURES = 2  # outer rounds a donor keeps captured for transfers in progress
 MAX_PENDING = 16  # requests a donor keeps for rounds it has not reached
@@ -85,20 +88,22 @@ class RepairChunk:
     data: np.ndarray  # float32 (theta_start part) or float16 (momentum part); empty when STALE
 
 
-def reference_group(sketches: dict[str, np.ndarray], differ: Callable[[np.ndarray, np.ndarray], bool]) -> set[str]:
-    """The keys of the largest group of matching sketches (module docstring). Greedy and
-    deterministic: members in order of their sketch's bytes each join the first group whose
-    first member they match; ties between groups go to the earliest group."""
-    order = sorted(sketches, key=lambda k: (sketches[k].tobytes(), k))
-    groups: list[list[str]] = []
-    for key in order:
-        for group in groups:
-            if not differ(sketches[group[0]], sketches[key]):
-                group.append(key)
-                break
-        else:
-            groups.append([key])
-    return set(max(groups, key=len)) if groups else set()
+def reference_group(sketches: dict[str, tuple[np.ndarray, int]],
+                    differ: Callable[[np.ndarray, np.ndarray], bool]) -> set[str]:
+    """The reference copy and every copy matching it, from {key: (sketch, the holder's step
+    count)} (module docstring): the medoid, the sketch with the least summed distance to all
+    the others. With k equal copies and a few apart it lies among the k (the largest group);
+    when every copy differs a little (a round some peers got a share in and others did not)
+    it is the most central one, not a far one. Ties go to the most trained copy, then to the
+    smallest sketch as bytes. Every input is the same on every peer of a ``full`` swarm (keys
+    aside: the distances are summed in sorted order), so all pick the same reference."""
+    keys = list(sketches)
+    if not keys:
+        return set()
+    dist = {(i, j): float(np.linalg.norm(sketches[i][0] - sketches[j][0])) for i in keys for j in keys if i < j}
+    cost = {k: sum(sorted(dist[min(k, j), max(k, j)] for j in keys if j != k)) for k in keys}
+    medoid = min(keys, key=lambda k: (cost[k], -sketches[k][1], sketches[k][0].tobytes()))
+    return {k for k in keys if not differ(sketches[medoid][0], sketches[k][0])}
 
 
 def propagate(d_start: np.ndarray, d_momentum: np.ndarray, steps: int, lr: float, mu: float) -> None:
@@ -193,8 +198,9 @@ class _Pull:
     chunks: list[tuple[int, int]]  # still to fetch, in order
     asked_at: float = math.inf  # when the chunk in flight was asked for (inf: none in flight)
     deadline: float = math.inf
-    tries: int = 0  # asks of the chunk at the head of ``chunks``
-    next_ask: float = 0.0  # the next chunk is not asked for before (pacing)
+    waits: int = 0  # deadlines the chunk in flight has had
+    retry_at: float = -math.inf  # no chunk in flight: ask for the next one from then on
+    failures: int = 0  # attempts given up (each: one chunk that missed every deadline)
 
 
 @dataclass(frozen=True)
@@ -209,28 +215,36 @@ class Pulled:
 
 
 class RepairPuller:
-    """The repairing side: at most one pull in flight (module docstring)."""
+    """The repairing side: at most one pull in flight (module docstring).
+
+    A chunk is asked for once per attempt: the bulk stream under it is reliable, so a chunk past
+    its deadline is late, not lost, and asking again would only put a second copy on a link
+    already too slow. So a missed deadline doubles (``MAX_CHUNK_TRIES`` deadlines in all);
+    then the attempt counts as failed, and after a doubling backoff the same chunk is asked
+    for again (the same bytes as the attempt before: never more), an answer to the earlier ask
+    still welcome meanwhile. After ``MAX_ATTEMPTS`` failures, or when the donor no longer holds
+    the round, the pull is dropped and the next round's sketches decide afresh."""
 
     def __init__(self, numel: int, model_key: str, monitor: BandwidthMonitor, stats: dict[str, int],
                  fallback_timeout_s: float) -> None:
         self.numel, self.model_key, self.monitor, self.stats = numel, model_key, monitor, stats
         self.fallback_timeout_s = fallback_timeout_s  # a chunk's deadline before any rate is measured
         self.pull: Optional[_Pull] = None
-        self.retry_at = -math.inf  # no new attempt before this (backoff after a failed one)
-        self._backoff_s = 0.0
         self.done: Optional[Pulled] = None  # finished, not applied yet
+        self._backoff_s = 0.0  # doubles with every failed attempt, this pull's or the last one's
+        self._not_before = -math.inf  # a new pull's first ask (after a pull that was dropped)
 
     @property
     def active(self) -> bool:
         return self.pull is not None or self.done is not None
 
     def begin(self, donor: str, round: int, own: tuple[np.ndarray, np.ndarray], now: float) -> bool:
-        """Start pulling round ``round`` from ``donor`` (False: one in flight, or backing off)."""
-        if self.active or now < self.retry_at:
+        """Start pulling round ``round`` from ``donor`` (False: one is in flight already)."""
+        if self.active:
             return False
         n = self.numel
         self.pull = _Pull(donor, round, own[0].copy(), own[1].copy(), np.empty(n, np.float32),
-                          np.empty(n, np.float32), chunk_bounds(n))
+                          np.empty(n, np.float32), chunk_bounds(n), retry_at=self._not_before)
         self.stats["repairs_started"] += 1
         return True
 
@@ -238,29 +252,28 @@ class RepairPuller:
         p = self.pull
         if p is None:
             return math.inf
-        return p.deadline if p.asked_at < math.inf else p.next_ask
+        return p.deadline if p.asked_at < math.inf else p.retry_at
 
-    def tick(self, now: float, may_ask: bool) -> list[Send]:
-        """Ask for the next chunk when none is in flight (``may_ask``: not during our outer
-        round), or again after a missed deadline."""
+    def tick(self, now: float) -> list[Send]:
+        """Ask for the next chunk when none is in flight; give a late one more time, or fail."""
         p = self.pull
         if p is None:
             return []
         if p.asked_at < math.inf:
             if now < p.deadline:
                 return []
-            # Missed: the same chunk again with a doubled deadline, or drop the attempt.
             self.stats["repair_chunks_missed"] += 1
-            if p.tries >= MAX_CHUNK_TRIES:
-                self._fail(now)
+            if p.waits < MAX_CHUNK_TRIES:
+                p.deadline = now + min(MAX_BACKOFF_S, self._chunk_timeout(*p.chunks[0]) * 2 ** p.waits)
+                p.waits += 1
                 return []
-            p.asked_at, p.deadline = math.inf, math.inf
-        if not may_ask or now < p.next_ask:
+            self._fail(now)
+            return []
+        if now < p.retry_at:
             return []
         offset, count = p.chunks[0]
-        p.asked_at = now
-        p.deadline = now + min(MAX_BACKOFF_S, self._chunk_timeout(offset, count) * 2 ** p.tries)
-        p.tries += 1
+        p.asked_at, p.waits = now, 1
+        p.deadline = now + min(MAX_BACKOFF_S, self._chunk_timeout(offset, count))
         return [Send(p.donor, RepairRequest(p.round, offset, count, self.model_key))]
 
     def _chunk_timeout(self, offset: int, count: int) -> float:
@@ -272,26 +285,28 @@ class RepairPuller:
 
     def _fail(self, now: float) -> None:
         p = self.pull
-        self.pull = None
         self.stats["repairs_failed"] += 1
-        expected = sum(self._chunk_timeout(o, c) for o, c in p.chunks) / DEADLINE_SLACK if p.chunks else 1.0
-        self._backoff_s = min(MAX_BACKOFF_S, max(2 * self._backoff_s, expected, MIN_DEADLINE_S))
-        self.retry_at = now + self._backoff_s
+        p.failures += 1
+        self._backoff_s = min(MAX_BACKOFF_S, max(2 * self._backoff_s, self._chunk_timeout(*p.chunks[0])))
+        p.asked_at, p.deadline, p.retry_at = math.inf, math.inf, now + self._backoff_s
+        if p.failures >= MAX_ATTEMPTS:
+            self.pull, self._not_before = None, p.retry_at
 
     def receive(self, src: str, msg: RepairChunk, now: float) -> None:
         if msg.model_key != self.model_key:
             raise RemoteProtocolError("wrong_model", f"peer trains {msg.model_key!r}, we train {self.model_key!r}")
         p = self.pull
-        if p is None or src != p.donor or p.asked_at == math.inf:
+        if p is None or src != p.donor:
             self.stats["repair_chunks_unasked"] += 1
             return
-        if msg.offset == STALE:  # the donor is past the round we asked: ask again later
+        if msg.offset == STALE:  # the donor is past the round we asked: the next round decides again
             self.stats["repair_stale"] += 1
-            self._fail(now)
+            self.stats["repairs_failed"] += 1
+            self.pull = None
             return
         offset, count = p.chunks[0]
         if msg.round != p.round or msg.offset != offset:
-            self.stats["repair_chunks_unasked"] += 1  # a late answer to an earlier ask
+            self.stats["repair_chunks_unasked"] += 1  # not the chunk we wait for
             return
         want = (np.float32,) if offset < self.numel else (np.float16, np.float32)
         if not isinstance(msg.data, np.ndarray) or msg.data.dtype not in want or msg.data.shape != (count,):
@@ -302,10 +317,11 @@ class RepairPuller:
             p.start[offset:offset + count] = msg.data
         else:
             p.momentum[offset - self.numel:offset - self.numel + count] = msg.data
-        self.monitor.observe(src, msg.data.nbytes, now - p.asked_at)
+        if p.asked_at < math.inf:
+            self.monitor.observe(src, msg.data.nbytes, now - p.asked_at)
         self.stats["repair_bytes"] += msg.data.nbytes
         p.chunks.pop(0)
-        p.asked_at, p.deadline, p.tries, p.next_ask = math.inf, math.inf, 0, now
+        p.asked_at, p.deadline, p.retry_at = math.inf, math.inf, -math.inf
         if not p.chunks:
             self.done = Pulled(p.round, p.start, p.momentum, p.own_start, p.own_momentum)
             self.pull, self._backoff_s = None, 0.0
