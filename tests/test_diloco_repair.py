@@ -15,7 +15,7 @@ from p2p.protocol import RemoteProtocolError
 from p2p.sim.avg_port import ArrayPort
 from p2p.wire import decode, encode
 
-N = 300_000  # two theta_start chunks and one momentum chunk... (CHUNK_ENTRIES = 256 Ki)
+N = 300_000  # parameters: one chunk of theta_start, one of momentum
 KEY = f"m/{N}"
 H = 4
 

@@ -322,6 +322,8 @@ class DiLoCo(AsynchronousHooks):
             r = self._rounds.begin(now, neighbours, self._payload, round=self._serving)
         else:
             self._wait_for = frozenset(j for j in neighbours if j not in self._absent)
+            if not self._wait_for:  # never stop waiting for everyone (we would race ahead alone)
+                self._wait_for, self._absent = frozenset(neighbours), set()
             r = self._rounds.begin(now, neighbours, self._payload, round=self._serving,
                                    timeout_s=self._round_timeout(), wait_for=self._wait_for)
         self._began_at = now
@@ -376,9 +378,14 @@ class DiLoCo(AsynchronousHooks):
 
     def _observe_wait(self, mixed, now: float) -> None:
         """Learn the usual wait from a round that got every share it waited for; double it
-        after one that timed out (so slower links never keep rounds timing out); whoever we
-        waited for in vain is not waited for until its shares come again."""
+        after one that got some but not all (so slower links never keep rounds timing out);
+        whoever we waited for in vain while others came is not waited for until its shares come
+        in step again. A round that got nothing (we are the one cut off) changes neither: we go
+        on waiting for everyone, at the usual pace, and fall behind the swarm's rounds, which
+        we catch up with by a jump (rounds.py) once the link is back."""
         missing = self._wait_for - mixed.senders
+        if not mixed.senders:
+            return
         self._absent |= missing
         cap = self.config.round_timeout_s
         if missing:

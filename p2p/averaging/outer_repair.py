@@ -58,7 +58,7 @@ from p2p.bandwidth import BandwidthMonitor
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.wire import message
 
-CHUNK_ENTRIES = 256 * 1024  # float32 entries of theta_start per chunk (1 MiB: a bulk-stream message)
+CHUNK_ENTRIES = 1024 * 1024  # entries per chunk (4 MiB of theta_start: a bulk-stream message, few round trips)
 DEADLINE_SLACK = 4.0  # a chunk may take this many times its bytes / the measured rate
 MIN_DEADLINE_S = 0.5  # ... but never less (a round trip, a busy donor)
 MAX_CHUNK_TRIES = 3  # deadlines (each twice the one before) a chunk gets before its attempt fails
@@ -171,7 +171,8 @@ class RepairDonor:
             start, momentum = state
             while len(self._captures) >= MAX_CAPTURES:
                 del self._captures[min(self._captures, key=lambda r: self._captures[r][2])]
-            m16 = momentum.astype(np.float16)
+            with np.errstate(over="ignore"):
+                m16 = momentum.astype(np.float16)
             if not np.isfinite(m16).all():  # beyond float16's range: send it as it is
                 m16 = momentum.copy()
             self._captures[round] = (start.copy(), m16, now)

@@ -162,7 +162,8 @@ class NeighbourRounds:
         ``round`` (>= ours) begins that round instead: a finished peer answering ``serve_round``.
         ``timeout_s`` replaces the configured timeout for this round; ``wait_for`` (a subset of
         ``neighbours``) names the neighbours the round waits for (the others' vectors are mixed
-        when they come in time, but the round does not wait for them)."""
+        when they come in time, but the round does not wait for them), and stops waiting for
+        one whose vector for a later round came (it moved on)."""
         if self.waiting:
             raise AssertionError("begin() while a round is in flight")
         r = self.next_round() if round is None else round
@@ -223,7 +224,11 @@ class NeighbourRounds:
         if not self.waiting:
             return False
         box = self._inbox.get(self.round, {})
-        done = len(box) >= self._expected if self._wait_for is None else self._wait_for.issubset(box)
+        if self._wait_for is None:
+            done = len(box) >= self._expected
+        else:  # a neighbour whose vector for a later round came has moved on: it will not send this one
+            later = set().union(*(v for r, v in self._inbox.items() if r > self.round))
+            done = all(j in box or j in later for j in self._wait_for)
         return done or now >= self.deadline or self._behind
 
     def finish(self, my_step: int, staleness_tau: Optional[float] = None, now: float = 0.0) -> Mixed:
