@@ -8,7 +8,8 @@ that outlasted the round timeout and repeated for ever. This runs the case in th
 1. ``--peers`` real ``p2p start`` nodes, DiLoCo int4 (H = ``--h``), a communication-heavy task
    (default ``nodes.wide:WideTask``, 2.2 M parameters, a step of a few ms);
 2. ``--pre`` seconds of steady state, from ``--settle`` seconds after every peer took 2 outer
-   steps (the joiners synced their state while the first peer went on: they repair first);
+   steps and no repair is in flight (the joiners synced their state while the first peer went
+   on alone: they repair first);
 3. the last peer's link cut (``Lab.cut``) for ``--cut-rounds`` outer rounds (the duration
    from the steady state's round time), then restored;
 4. ``--post`` seconds more, then every node stopped.
@@ -27,7 +28,7 @@ Definitions:
   windows that end after the restore, and separately over those inside the cut.
 
     python bench/diloco_repair.py [--rate 20mbit] [--peers 4] [--h 25] [--pre 15] [--post 25]
-        [--cut-rounds 2] [--settle 10] [--task nodes.wide:WideTask] [--no-compute-only] [--json]
+        [--cut-rounds 2] [--settle 5] [--task nodes.wide:WideTask] [--no-compute-only] [--json]
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def compute_only_rate(lab: Lab, task: str, seconds: float, log_dir: Path) -> flo
 
 
 def run_cut(lab: Lab, log_dir: Path, task: str = "nodes.wide:WideTask", h: int = 25, pre_s: float = 15.0,
-            post_s: float = 25.0, cut_rounds: float = 2.0, window_s: float = 4.0, settle_s: float = 10.0,
+            post_s: float = 25.0, cut_rounds: float = 2.0, window_s: float = 4.0, settle_s: float = 5.0,
             extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """One run (module docstring); returns the measurements."""
     n = lab.peers
@@ -173,7 +174,15 @@ def run_cut(lab: Lab, log_dir: Path, task: str = "nodes.wide:WideTask", h: int =
                 raise RuntimeError(f"the swarm did not get going; logs in {log_dir}")
             time.sleep(0.2)
             progress.read()
-        time.sleep(settle_s)  # the joiners' first repairs (they synced while peer 0 went on)
+        # The joiners synced their state while peer 0 went on alone: they repair first. The
+        # steady state starts once no repair is in flight, ``settle_s`` later.
+        while any(not lines or lines[-1][2].get("repairs") != lines[-1][2].get("repairs_started")
+                  for lines in progress.lines):
+            if time.time() > deadline + 60:
+                raise RuntimeError(f"the start-up repairs did not end; logs in {log_dir}")
+            time.sleep(0.5)
+            progress.read()
+        time.sleep(settle_s)
         marks["steady"] = time.time()
         time.sleep(pre_s)
         progress.read()
@@ -247,7 +256,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--post", type=float, default=25.0, help="seconds after the link is restored")
     ap.add_argument("--cut-rounds", type=float, default=2.0, help="outer rounds the link stays cut")
     ap.add_argument("--window", type=float, default=4.0, help="seconds per steps/s window")
-    ap.add_argument("--settle", type=float, default=10.0, help="seconds between start-up and the steady state")
+    ap.add_argument("--settle", type=float, default=5.0, help="seconds between start-up and the steady state")
     ap.add_argument("--compute-only", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--prefix", default="p2prep")
     ap.add_argument("--subnet", default="10.74.0.0/24")

@@ -229,12 +229,12 @@ def test_a_donor_past_the_round_says_so_and_one_not_there_yet_answers_when_it_is
     assert donor.stats["repair_bytes_served"] == 40
 
 
-def test_reference_is_the_central_copy_and_ties_go_the_same_way_for_everyone():
+def test_reference_is_the_largest_group_and_ties_go_the_same_way_for_everyone():
     a, b = np.zeros(8, np.float32), np.ones(8, np.float32)
     assert reference_group({"x": (a, 90), "y": (b, 10), "z": (b.copy(), 10)}, sketches_differ) == {"y", "z"}
-    # Three copies a little apart (a round some got a share in) and one far: the central one.
-    near = {k: (a + np.float32(0.01 * i), 10) for i, k in enumerate(("p", "q", "r"))}
-    assert reference_group({**near, "far": (b * 5, 99)}, sketches_differ) == {"q"}
+    # Every copy apart (joiners that synced at different moments): the most trained one.
+    apart = {k: (a + np.float32(0.01 * i), 10 + i) for i, k in enumerate(("p", "q", "r"))}
+    assert reference_group({**apart, "": (b * 5, 99)}, sketches_differ) == {""}
     # A tie goes to the most trained copy, whatever each peer calls itself ("" is "me").
     assert reference_group({"": (a, 5), "q": (b, 7)}, sketches_differ) == {"q"}
     assert reference_group({"p": (a, 5), "": (b, 7)}, sketches_differ) == {""}

@@ -9,11 +9,12 @@ apart and the next round tries the same again, for ever (issue 16). So a repair 
 a pull, sized and scheduled so that it cannot feed on itself:
 
 - **Who repairs.** After each round, the sketches of theta_start (ours and the neighbours',
-  all taken at the same round's start) pick a reference (``reference_group``): the medoid,
-  which with k equal copies and a few apart lies in the largest group (ties: the most trained
-  copy, then the smallest sketch as bytes; every peer on ``full`` sees the same shares and
-  picks the same, without knowing its own address). Only a peer whose copy does not match the
-  reference repairs; the others do nothing, so no repair ever answers another.
+  all taken at the same round's start) are grouped (``reference_group``): the largest group of
+  matching sketches is the reference; among groups of one size, the one holding the most
+  trained copy (the highest step count, then the smallest sketch as bytes: every peer on
+  ``full`` sees the same shares and picks the same group, without knowing its own address).
+  Only a peer outside the reference group repairs; the others do nothing, so no repair ever
+  answers another.
 - **From whom, what.** From ONE donor of the reference group (the fastest measured link): its
   theta_start in float32 and its outer momentum in float16 (6 bytes per parameter, once;
   a momentum beyond float16's range goes as float32),
@@ -90,20 +91,22 @@ class RepairChunk:
 
 def reference_group(sketches: dict[str, tuple[np.ndarray, int]],
                     differ: Callable[[np.ndarray, np.ndarray], bool]) -> set[str]:
-    """The reference copy and every copy matching it, from {key: (sketch, the holder's step
-    count)} (module docstring): the medoid, the sketch with the least summed distance to all
-    the others. With k equal copies and a few apart it lies among the k (the largest group);
-    when every copy differs a little (a round some peers got a share in and others did not)
-    it is the most central one, not a far one. Ties go to the most trained copy, then to the
-    smallest sketch as bytes. Every input is the same on every peer of a ``full`` swarm (keys
-    aside: the distances are summed in sorted order), so all pick the same reference."""
-    keys = list(sketches)
-    if not keys:
-        return set()
-    dist = {(i, j): float(np.linalg.norm(sketches[i][0] - sketches[j][0])) for i in keys for j in keys if i < j}
-    cost = {k: sum(sorted(dist[min(k, j), max(k, j)] for j in keys if j != k)) for k in keys}
-    medoid = min(keys, key=lambda k: (cost[k], -sketches[k][1], sketches[k][0].tobytes()))
-    return {k for k in keys if not differ(sketches[medoid][0], sketches[k][0])}
+    """The keys of the reference group, from {key: (sketch, the holder's step count)} (module
+    docstring): the largest group of matching sketches; among groups of one size, the one
+    holding the most trained copy (a joiner that synced while the swarm went on, or a peer cut
+    off that trained alone, holds fewer steps), then the smallest sketch as bytes. Greedy and
+    deterministic: members, most trained first, each join the first group whose first member
+    they match; every peer of a ``full`` swarm sees the same shares and picks the same group."""
+    order = sorted(sketches, key=lambda k: (-sketches[k][1], sketches[k][0].tobytes(), k))
+    groups: list[list[str]] = []
+    for key in order:
+        for group in groups:
+            if not differ(sketches[group[0]][0], sketches[key][0]):
+                group.append(key)
+                break
+        else:
+            groups.append([key])
+    return set(max(groups, key=len)) if groups else set()  # max keeps the first of equal sizes
 
 
 def propagate(d_start: np.ndarray, d_momentum: np.ndarray, steps: int, lr: float, mu: float) -> None:
