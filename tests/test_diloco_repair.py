@@ -9,7 +9,7 @@ import pytest
 
 from p2p.averaging.base import AveragingConfig
 from p2p.averaging.diloco import MIN_ROUND_TIMEOUT_S, DiLoCo, DiLoCoConfig, sketches_differ
-from p2p.averaging.outer_repair import (CHUNK_ENTRIES, MAX_CHUNK_TRIES, STALE, RepairChunk, RepairRequest,
+from p2p.averaging.outer_repair import (CHUNK_ENTRIES, STALE, RepairChunk, RepairRequest,
                                         chunk_bounds, propagate, reference_group)
 from p2p.protocol import RemoteProtocolError
 from p2p.sim.avg_port import ArrayPort
@@ -168,7 +168,6 @@ def test_a_peer_cut_off_for_two_rounds_is_repaired_and_the_others_do_not_wait_fo
 def test_a_failed_repair_never_grows_and_backs_off():
     rng = np.random.default_rng(3)
     # The donors never answer a repair: every chunk misses its deadline.
-    # No link rate measured (shares arrive at once here): a chunk's first deadline is the round timeout.
     s = Swarm(starts(3, apart={2}), drop=lambda src, dst, msg: isinstance(msg, RepairChunk), timeout_s=2.0)
     asks = []
     real_send = s.send

@@ -170,10 +170,6 @@ def _received_state(msg, port: ModelPort):
     return msg.params, msg.momentum
 
 
-def _share_bytes(msg) -> int:
-    return sum(getattr(msg, f).nbytes for f in msg.__dataclass_fields__ if isinstance(getattr(msg, f), np.ndarray))
-
-
 def _check_sketch(sketch: np.ndarray, positions: np.ndarray) -> None:
     if not isinstance(sketch, np.ndarray) or sketch.dtype != np.float32 or sketch.shape != positions.shape:
         raise RemoteProtocolError("bad_tensor", f"sketch {getattr(sketch, 'dtype', type(sketch))}"
@@ -221,12 +217,11 @@ class DiLoCo(AsynchronousHooks):
         self._sketch = self._start[self._positions]  # ours, of the round in flight
         self._theirs: dict[int, dict[str, tuple[np.ndarray, int]]] = {}  # round -> sender -> (sketch, step)
         self._sent_params: set[str] = set()  # whom we sent theta_start in the round in flight
-        # Repair (outer_repair.py): the link estimates its deadlines come from, both sides of
-        # the pull, and what the pull needs once the round in flight ended.
+        # Repair (outer_repair.py): the link estimates its deadlines come from (its own chunks:
+        # a round share's timing mostly measures the sender's lead), both sides of the pull.
         self.monitor = BandwidthMonitor()
         self._donor = RepairDonor(self._start.size, port.model_key, self.stats)
-        self._puller = RepairPuller(self._start.size, port.model_key, self.monitor, self.stats,
-                                    config.round_timeout_s)
+        self._puller = RepairPuller(self._start.size, port.model_key, self.monitor, self.stats)
         self._pull_from: str | None = None  # the donor to pull from after this outer step
         self._fresh_from = 0  # rounds begun before this one compared copies from before a repair
         self._outbox: list[Send] = []  # donor chunks due at an outer step (sent from tick)
@@ -494,10 +489,6 @@ class DiLoCo(AsynchronousHooks):
         _check_sketch(msg.sketch, self._positions)
         if msg.round >= self._rounds.round - 1:
             self._absent.discard(src)  # in step with us again (a late share by one round: a straggler)
-            if self._syncing and msg.round == self._rounds.round and now > self._began_at:
-                # A lower bound on the link's rate (the wait includes the sender's skew):
-                # enough for a first repair deadline, refined by the repair's own chunks.
-                self.monitor.observe(src, _share_bytes(msg), now - self._began_at)
         if self._rounds.offer(src, msg.round, msg.degree, msg.step, (params, delta, momentum)) and params is None:
             buffered = self._rounds.buffered()  # keep sketches only as long as the rounds do
             self._theirs = {k: v for k, v in self._theirs.items() if k in buffered}

@@ -25,9 +25,9 @@ a pull, sized and scheduled so that it cannot feed on itself:
   the rounds for the few seconds it takes (a one-off cost of 6 bytes a parameter), rather than
   spreading over many rounds. Training never waits for it: no step hook looks at a repair.
 - **Bounded.** At most one repair in flight. A chunk's deadline is its bytes / the measured
-  link rate (p2p/bandwidth.py: from earlier chunks, else from the round shares) x
-  ``DEADLINE_SLACK``; a late chunk gets doubled deadlines, not a second copy on a link that
-  is already too slow; then the attempt fails and, after a doubling backoff, the same chunk
+  link rate (p2p/bandwidth.py: from the earlier chunks' request-to-answer times; 10 Mbit/s
+  assumed before the first) x
+  ``DEADLINE_SLACK``; past it the attempt fails and, after a doubling backoff, the same chunk
   is asked for again (``RepairPuller``): a retry never moves more than the attempt before,
   and the chunks already in are kept.
 - **Replay.** The pulled (theta_start, m) are the donor's after outer round R; we kept our own
@@ -59,10 +59,11 @@ from p2p.bandwidth import BandwidthMonitor
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.wire import message
 
-CHUNK_ENTRIES = 1024 * 1024  # entries per chunk (4 MiB of theta_start: a bulk-stream message, few round trips)
+CHUNK_ENTRIES = 512 * 1024  # entries per chunk (2 MiB of theta_start: a bulk-stream message; small
+# enough that a round share queued behind one waits well under a second at 20 Mbit/s)
+ASSUMED_RATE_BPS = 1.25e6  # bytes/s a chunk's deadline assumes before any rate is measured (10 Mbit/s)
 DEADLINE_SLACK = 4.0  # a chunk may take this many times its bytes / the measured rate
 MIN_DEADLINE_S = 0.5  # ... but never less (a round trip, a busy donor)
-MAX_CHUNK_TRIES = 3  # deadlines (each twice the one before) a chunk gets before its attempt fails
 MAX_ATTEMPTS = 4  # failed attempts before the pull is dropped (the sketches decide again)
 MAX_BACKOFF_S = 60.0
 MAX_CAPTURES = 2  # outer rounds a donor keeps captured for transfers in progress
@@ -202,7 +203,6 @@ class _Pull:
     chunks: list[tuple[int, int]]  # still to fetch, in order
     asked_at: float = math.inf  # when the chunk in flight was asked for (inf: none in flight)
     deadline: float = math.inf
-    waits: int = 0  # deadlines the chunk in flight has had
     retry_at: float = -math.inf  # no chunk in flight: ask for the next one from then on
     failures: int = 0  # attempts given up (each: one chunk that missed every deadline)
 
@@ -221,18 +221,17 @@ class Pulled:
 class RepairPuller:
     """The repairing side: at most one pull in flight (module docstring).
 
-    A chunk is asked for once per attempt: the bulk stream under it is reliable, so a chunk past
-    its deadline is late, not lost, and asking again would only put a second copy on a link
-    already too slow. So a missed deadline doubles (``MAX_CHUNK_TRIES`` deadlines in all);
-    then the attempt counts as failed, and after a doubling backoff the same chunk is asked
-    for again (the same bytes as the attempt before: never more), an answer to the earlier ask
-    still welcome meanwhile. After ``MAX_ATTEMPTS`` failures, or when the donor no longer holds
-    the round, the pull is dropped and the next round's sketches decide afresh."""
+    A chunk is asked for once per attempt. Past its deadline (its bytes / the measured rate x
+    ``DEADLINE_SLACK``) the attempt fails; after a backoff that doubles with every failure
+    (starting at one deadline, kept across pulls until one succeeds) the same chunk is asked for
+    again: the same bytes as the attempt before, never more, and an answer to the earlier ask
+    is still taken meanwhile (a late chunk, not a lost one, so a second copy only goes out when
+    the first is more than twice its deadline late). After ``MAX_ATTEMPTS`` failures, or when
+    the donor no longer holds the round, the pull is dropped and the next round's sketches
+    decide afresh."""
 
-    def __init__(self, numel: int, model_key: str, monitor: BandwidthMonitor, stats: dict[str, int],
-                 fallback_timeout_s: float) -> None:
+    def __init__(self, numel: int, model_key: str, monitor: BandwidthMonitor, stats: dict[str, int]) -> None:
         self.numel, self.model_key, self.monitor, self.stats = numel, model_key, monitor, stats
-        self.fallback_timeout_s = fallback_timeout_s  # a chunk's deadline before any rate is measured
         self.pull: Optional[_Pull] = None
         self.done: Optional[Pulled] = None  # finished, not applied yet
         self._backoff_s = 0.0  # doubles with every failed attempt, this pull's or the last one's
@@ -267,24 +266,18 @@ class RepairPuller:
             if now < p.deadline:
                 return []
             self.stats["repair_chunks_missed"] += 1
-            if p.waits < MAX_CHUNK_TRIES:
-                p.deadline = now + min(MAX_BACKOFF_S, self._chunk_timeout(*p.chunks[0]) * 2 ** p.waits)
-                p.waits += 1
-                return []
             self._fail(now)
             return []
         if now < p.retry_at:
             return []
         offset, count = p.chunks[0]
-        p.asked_at, p.waits = now, 1
+        p.asked_at = now
         p.deadline = now + min(MAX_BACKOFF_S, self._chunk_timeout(offset, count))
         return [Send(p.donor, RepairRequest(p.round, offset, count, self.model_key))]
 
     def _chunk_timeout(self, offset: int, count: int) -> float:
         link = self.monitor.links.get(self.pull.donor) if self.pull else None
-        rate = link.throughput_bps if link is not None else None
-        if not rate:
-            return self.fallback_timeout_s
+        rate = (link.throughput_bps if link is not None else None) or ASSUMED_RATE_BPS
         return max(MIN_DEADLINE_S, DEADLINE_SLACK * chunk_bytes(offset, count, self.numel) / rate)
 
     def _fail(self, now: float) -> None:
