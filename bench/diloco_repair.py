@@ -8,8 +8,7 @@ that outlasted the round timeout and repeated for ever. This runs the case in th
 1. ``--peers`` real ``p2p start`` nodes, DiLoCo int4 (H = ``--h``), a communication-heavy task
    (default ``nodes.wide:WideTask``, 2.2 M parameters, a step of a few ms);
 2. ``--pre`` seconds of steady state, from ``--settle`` seconds after every peer took 2 outer
-   steps and no repair is in flight (the joiners synced their state while the first peer went
-   on alone: they repair first);
+   steps (all start together: ``--min-members``) and no repair is in flight;
 3. the last peer's link cut (``Lab.cut``) for ``--cut-rounds`` outer rounds (the duration
    from the steady state's round time), then restored;
 4. ``--post`` seconds more, then every node stopped.
@@ -153,7 +152,7 @@ def run_cut(lab: Lab, log_dir: Path, task: str = "nodes.wide:WideTask", h: int =
     args = ["--task", task, "--steps", "10000000", "--eval-every", "1000000", "--log-every", "0.25",
             "--log-format", "json", "--linger", "0", "--join-timeout", "60", "--algorithm", "diloco",
             "--compression", "int4", "--diloco-inner-steps", str(h), "--diloco-outer-lr", "0.5",
-            "--diloco-outer-momentum", "0.8", *extra]
+            "--diloco-outer-momentum", "0.8", "--min-members", str(n), *extra]
     swarm = LabSwarm(lab, log_dir, args, port=7000, per_peer_args=[["--shard", f"{i}/{n}"] for i in range(n)])
     progress = Progress([log_dir / f"peer{i}.log" for i in range(n)])
     tx: list[tuple[float, float]] = []  # (time, bytes all peers put on their links)
@@ -174,8 +173,8 @@ def run_cut(lab: Lab, log_dir: Path, task: str = "nodes.wide:WideTask", h: int =
                 raise RuntimeError(f"the swarm did not get going; logs in {log_dir}")
             time.sleep(0.2)
             progress.read()
-        # The joiners synced their state while peer 0 went on alone: they repair first. The
-        # steady state starts once no repair is in flight, ``settle_s`` later.
+        # Every peer starts from the seed's model once all are up (--min-members): no copy is
+        # apart at the start; should one be (a slow joiner), the steady state waits for its repair.
         while any(not lines or lines[-1][2].get("repairs") != lines[-1][2].get("repairs_started")
                   for lines in progress.lines):
             if time.time() > deadline + 60:
