@@ -90,7 +90,13 @@ def test_a_joiner_starts_from_the_swarms_state_and_does_not_pull_it_back(tmp_pat
                            what="the joiner to train its steps")
         assert final["step"] == steps + 300  # it continued the donor's count
         after = wait_until(lambda: statuses(swarm, range(4)), 20, what="everyone's status")
-        assert min(s["accuracy"] for s in after) >= accuracy_before - 0.02  # nobody pulled back
+        # Nobody pulled back: the old peers, which mixed with the joiner all along, are at least
+        # where they stood. The joiner's own last evaluation is of its raw SGD iterate, which runs
+        # 2-3 points below the others' smoothed average of it (seen: 0.810-0.825 against 0.843);
+        # a fresh model after 300 steps on that shard evaluates at about 0.76.
+        accuracies = [s["accuracy"] for s in after]
+        assert min(accuracies[:3]) >= accuracy_before - 0.02, (accuracy_before, accuracies)
+        assert accuracies[3] >= accuracy_before - 0.05, (accuracy_before, accuracies)
         params = [swarm.params(i) for i in range(4)]
         assert consensus_distance(params) < 0.05 * float(np.linalg.norm(np.mean(params, axis=0)))
 
