@@ -259,6 +259,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--compute-only", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--prefix", default="p2prep")
     ap.add_argument("--subnet", default="10.74.0.0/24")
+    ap.add_argument("--overlap", action="store_true", help="--diloco-overlap: the outer round beside the inner steps")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.peers < 2:
@@ -276,7 +277,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 compute = compute_only_rate(lab, args.task, args.pre, log_dir)
             log(f"p2p diloco int4 H={args.h} at {args.rate}, cut peer {args.peers - 1} for {args.cut_rounds} rounds ...")
             result = run_cut(lab, log_dir, args.task, args.h, args.pre, args.post, args.cut_rounds, args.window,
-                             args.settle)
+                             args.settle, extra=("--diloco-overlap",) if args.overlap else ())
     except LabError as exc:
         print(f"diloco_repair: {exc}", file=sys.stderr)
         return 1

@@ -74,6 +74,9 @@ P2P_CONFIGS: dict[str, list[str]] = {
                             "--diloco-outer-lr", "0.5", "--diloco-outer-momentum", "0.8"],
     # the best here: a gentler outer step twice as often; bench/diloco_sweep.py picked it (+2 points
     # over the paper's 0.7/0.9 at H=50 after 1000 steps; H=20 at 0.7/0.9 lost 3)
+    "p2p-diloco-int4-h25-overlap": ["--algorithm", "diloco", "--compression", "int4", "--diloco-inner-steps", "25",
+                                    "--diloco-outer-lr", "0.5", "--diloco-outer-momentum", "0.8", "--diloco-overlap"],
+    # the same with the outer round beside the next 25 inner steps (Streaming DiLoCo's overlap)
 }
 # ---------------------------------------------------------------------------------------------
 

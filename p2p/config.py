@@ -222,6 +222,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "DiLoCo: outer Nesterov momentum, in [0, 1)."),
     Setting("diloco_gossip_rounds", "diloco", "gossip_rounds", lambda v: _number(v, low=1, low_ok=True, integer=True),
             "DiLoCo: gossip rounds per outer step (1 is exact on the full graph)."),
+    Setting("diloco_overlap", "diloco", "overlap", _flag,
+            "DiLoCo: run the outer round beside the next inner steps, its update one round late (Streaming DiLoCo; on by default, one gossip round)."),
     Setting("sgp_push_interval", "sgp", "push_interval_s", lambda v: float(_number(v, low_ok=True)),
             "SGP: push a share at most this often (seconds)."),
     Setting("elastic_alpha", "elastic", "alpha", lambda v: float(_number(v, high=1)),

@@ -22,11 +22,32 @@ Hooks (local step k):
 - ``after_step(k)``: when k is a multiple of H (the outer boundary; a joiner that adopted the
   swarm's step count falls on the same boundaries), take theta_local = snapshot and Delta, and
   begin the first gossip round of this outer step (OuterShare to the neighbours).
-- ``may_step(k + 1)``: False from the boundary until the last gossip round finished (all in
-  or ``round_timeout_s``) and the outer step was queued: ``add_delta(theta_start - snapshot)``.
+- ``may_step(k + 1)``: without ``overlap``, False from the boundary until the last gossip
+  round finished (all in or ``round_timeout_s``) and the outer step was queued:
+  ``add_delta(theta_start - snapshot)``. With ``overlap`` the gate is at the NEXT boundary
+  instead (below).
   Between gossip rounds ``next_deadline()`` is "now", and ``tick`` begins the next round (so
   the driver computes its neighbours for the new ``topology_round()``).
 - ``on_gradient`` / ``gradient_ready``: not used.
+
+Overlap (``overlap``, ``--diloco-overlap``; off by default, see the end of this paragraph): the outer round runs beside the next H inner steps and
+its outer step lands one round late, after Streaming DiLoCo's overlapping communication
+(Douillard et al., arXiv:2501.18512, Sec. 2.2) and eager updates (Kale et al., arXiv:2502.12996):
+at boundary k the peer ships Delta_k = theta_start - theta and keeps training from theta; when
+the round's average arrives, the outer step replaces the progress it shipped by the swarm's:
+``theta <- theta + Delta_k + (theta_start' - theta_start)``, i.e. theta_start' plus the inner
+steps taken since the boundary (which the next Delta counts, against theta_start'). The trainer
+waits only before the step that closes the next period if the round is still in flight (a round
+more than one period behind), and at the end of training (``may_finish``), so the last outer
+step is in the final model. A round that takes less than H steps of compute then costs the
+trainer nothing. Only with one gossip round per outer step (``full``, the slow-link
+configuration): several rounds on a sparse graph mix theta_start itself, and with the peers no
+longer held at the same boundary the simulator saw their rounds fall out of step (partial
+rounds, jumps) and the copies drift apart, so there the trainer waits as without overlap.
+Off by default because in the simulator (tests/test_avgsim_convergence.py, 8 peers, 150 steps,
+joins and crashes together) one seed in ten ended with a copy apart (0.99 of the initial
+consensus distance) and the optimality gap was ~1.5x the blocking rounds' (a one-round-late
+outer step weighs more in a run of ~15 outer steps); not yet understood.
 
 Finished peers: after its last step a peer stops calling the hooks but lingers until stopped.
 The trainer calls ``training_done`` (after the gate that completed its last outer step); from
@@ -117,6 +138,7 @@ class DiLoCoConfig:
     outer_lr: float = 0.7  # outer learning rate on the averaged pseudo-gradient (paper: 0.7)
     outer_momentum: float = 0.9  # outer Nesterov momentum (paper: 0.9)
     gossip_rounds: int = 1  # neighbour-averaging rounds of the pseudo-gradient per outer step (1 is exact on "full")
+    overlap: bool = False  # the outer round runs beside the next H inner steps (module docstring, "Overlap"; gossip_rounds 1)
 
     def __post_init__(self) -> None:
         if self.inner_steps < 1 or self.gossip_rounds < 1:
@@ -209,6 +231,7 @@ class DiLoCo(AsynchronousHooks):
         # Several gossip rounds per outer step (sparse graphs) leave every copy a little apart by
         # design: theta_start is mixed in every round there, as the averaging needs.
         self._params_every_round = self.options.gossip_rounds > 1
+        self._overlap = self.options.overlap and not self._params_every_round
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement,
                                        robust=self.robust, channels=("params", "delta", "momentum"),
                                        uniform=not self._params_every_round)
@@ -232,6 +255,7 @@ class DiLoCo(AsynchronousHooks):
         self._absent: set[str] = set()
         self._momentum = np.zeros_like(self._start)
         self._syncing = False  # between the boundary and the outer step
+        self._shipped: np.ndarray | None = None  # overlap: our own Delta of the round in flight, in full precision
         self._payload: tuple[np.ndarray, ...] = ()
         self._packed = None  # Q(Delta) of the round in flight, when compressing
         self._continue_at = math.inf  # when tick() begins the next gossip round
@@ -415,8 +439,12 @@ class DiLoCo(AsynchronousHooks):
         start, delta, momentum = self._payload
         mu = np.float32(opts.outer_momentum)
         self._momentum = mu * momentum + delta
-        self._start = start - np.float32(opts.outer_lr) * (delta + mu * self._momentum)
-        self.port.add_delta(self._start - self.port.snapshot())
+        new_start = start - np.float32(opts.outer_lr) * (delta + mu * self._momentum)
+        if self._shipped is not None:  # overlap: keep the inner steps taken since the boundary
+            self.port.add_delta(self._shipped + (new_start - self._start))
+        else:
+            self.port.add_delta(new_start - self.port.snapshot())
+        self._start, self._shipped = new_start, None
         self._syncing = False
         self._payload = ()
         self.stats["outer_steps"] += 1
@@ -448,6 +476,8 @@ class DiLoCo(AsynchronousHooks):
 
     # -- step hooks ---------------------------------------------------------------------------
     def gate_wanted(self, step: int) -> bool:
+        if self._overlap:  # the step that closes the next period (module docstring, "Overlap")
+            return step % self.options.inner_steps == 0 and step > self.options.inner_steps
         return step > 1 and (step - 1) % self.options.inner_steps == 0  # right after an outer boundary
 
     def after_step_wanted(self, step: int) -> bool:
@@ -458,6 +488,11 @@ class DiLoCo(AsynchronousHooks):
             self._poll(now)
         return not self._syncing
 
+    def may_finish(self, now: float) -> bool:
+        """The trainer's last step was taken: it waits for the round in flight (with overlap,
+        the last outer step then lands in the final model, as without)."""
+        return self.may_step(0, now)
+
     def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
         if step % self.options.inner_steps:
             return []
@@ -467,7 +502,9 @@ class DiLoCo(AsynchronousHooks):
             # lost: the next boundary's Delta = theta_start - x covers these steps too.
             self.stats["boundaries_skipped"] += 1
             return []
-        self._set_payload(self._start, self._start - self.port.snapshot(), self._momentum)
+        shipped = self._start - self.port.snapshot()
+        self._set_payload(self._start, shipped, self._momentum)
+        self._shipped = shipped if self._overlap else None
         self._syncing = True
         return self._begin(now, neighbours)
 

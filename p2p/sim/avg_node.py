@@ -85,6 +85,8 @@ class SimNode:
                 # as the real trainer: the gate is asked only on steps the algorithm says it may close
                 if avg.gate_wanted(k + 1) and not avg.may_step(k + 1, now):
                     return sends, None
+                if k >= self.target and not getattr(avg, "may_finish", lambda _now: True)(now):
+                    return sends, None  # as Swarm.settle: the last outer step lands first
                 port.apply_pending()
                 if k >= self.target:
                     self.phase, self.finished_at = IDLE, now

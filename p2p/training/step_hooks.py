@@ -81,6 +81,12 @@ class StepHooks:
         if self.posts_after_step and self._after_step_wanted(step):
             self._post("after_step", step)
 
+    def settle(self, step: int) -> None:
+        """The trainer took its last step: wait until the averager has no round in flight that
+        still moves the model (``may_finish(now)``, optional: DiLoCo with overlap)."""
+        if self.gates_steps and callable(getattr(self.averager, "may_finish", None)):
+            self._wait("may_finish", step)
+
     def training_done(self, step: int) -> None:
         """The trainer took its last step (it lingers from now on): tell an averager that
         serves finished peers differently (``training_done(step, now)``, optional)."""
@@ -111,14 +117,19 @@ class StepHooks:
                 sends += averager.after_step(step, now, neighbours)
             elif kind == "training_done":
                 averager.training_done(step, now)
-            elif kind == "may_step":
-                self._waiting = ("may_step", step)
+            elif kind in ("may_step", "may_finish"):
+                self._waiting = (kind, step)
             elif kind == "on_gradient":
                 sends += averager.on_gradient(step, now, neighbours)
                 self._waiting = ("gradient_ready", step)
         if self._waiting is not None:
             kind, step = self._waiting
-            ready = averager.may_step(step, now) if kind == "may_step" else averager.gradient_ready(step, now)
+            if kind == "may_step":
+                ready = averager.may_step(step, now)
+            elif kind == "may_finish":
+                ready = averager.may_finish(now)
+            else:
+                ready = averager.gradient_ready(step, now)
             if ready:
                 self._waiting = None
                 self._go.set()

@@ -270,8 +270,17 @@ class Swarm:
             return
         self._done = True
         if not self.stop_requested:
+            self.settle()
             self.hooks.training_done(self._step)
         self.linger(self.config.linger_s if linger_s is None else linger_s)
+
+    def settle(self) -> None:
+        """Wait until no averaging round in flight still moves the model (DiLoCo with overlap
+        lands its last outer step one round late) and land what it queued: call it after the
+        last step, before a final evaluation. ``finish`` does. Bounded by the round's timeout."""
+        if self._driver is not None and not self.stop_requested:
+            self.hooks.settle(self._step)
+            self.flat.apply_pending()
 
     def linger(self, seconds: Optional[float], on_tick: Optional[Callable[[int], None]] = None) -> None:
         """Keep landing averaging deltas (no training) for ``seconds`` (None: until ``stop()``);

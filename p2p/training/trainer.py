@@ -39,7 +39,8 @@ class TrainingLoop:
                  batches: Iterator[tuple], device: torch.device, precision: str = "fp32",
                  eval_every_s: float = 2.0, slowdown: float = 1.0,
                  steps_done: Optional[Callable[[], int]] = None,
-                 on_report: Optional[Callable[[LoopState], None]] = None) -> None:
+                 on_report: Optional[Callable[[LoopState], None]] = None,
+                 settle: Optional[Callable[[], None]] = None) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: choose from {', '.join(PRECISIONS)}")
         self.task, self.model, self.optimizer = task, model, optimizer
@@ -54,6 +55,7 @@ class TrainingLoop:
         self.state = LoopState()
         self.steps_done = steps_done or (lambda: self.state.iterations)  # applied steps
         self.on_report = on_report or (lambda state: None)
+        self.settle = settle or (lambda: None)  # before the last evaluation: the averaging round in flight lands
 
     def evaluate(self) -> None:
         self.model.eval()
@@ -103,4 +105,6 @@ class TrainingLoop:
             if time.monotonic() - last_eval >= self.eval_every_s:
                 self.evaluate()
                 last_eval = time.monotonic()
+        if not stop.is_set():
+            self.settle()
         self.evaluate()
