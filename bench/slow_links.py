@@ -6,6 +6,11 @@ shards, per-peer batch size, optimizer, learning rate, run seed and step count:
 
 - every configuration in ``P2P_CONFIGS`` (real ``p2p start`` processes, one per namespace);
 - ``ddp``: PyTorch DistributedDataParallel over gloo (bench/ddp_worker.py, one rank each);
+- ``torch-localsgd-hN`` (e.g. ``torch-localsgd-h25``, ``torch-localsgd-h100``): PyTorch's own
+  post-local SGD (``PostLocalSGDOptimizer`` + ``PeriodicModelAverager(period=N)`` over gloo,
+  bench/ddp_worker.py ``--local-sgd-period N``): the baseline a plain-PyTorch user picks on slow
+  links; the same ranks, shards, seed, optimizer and evaluation rule as ``ddp``, every rank
+  evaluated (the models differ between averages);
 - ``compute_only``: the same N peers training the same steps with no communication
   (bench/compute_only.py). It does not depend on the rate, so it runs once (in the first
   rate's lab) and its result is repeated under every rate.
@@ -57,7 +62,7 @@ import _common  # noqa: E402,F401  (puts the repository on sys.path)
 from p2p.harness.lab import Lab, LabError, parse_rate, probe  # noqa: E402
 from p2p.training.task import TaskError, load_task  # noqa: E402
 from slow_links_report import compare_at_equal_steps, fmt, fmt_mb, markdown, plot  # noqa: E402
-from slow_links_runs import Result, Settings, run_p2p, run_workers  # noqa: E402
+from slow_links_runs import LOCAL_SGD, Result, Settings, local_sgd_period, run_p2p, run_workers  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # The p2p configurations compared: name -> extra `p2p start` arguments (appended after the
@@ -102,8 +107,11 @@ def plan_methods(methods: list[str]) -> list[tuple[str, Optional[list[str]]]]:
             plan.append((m, list(P2P_CONFIGS[m])))
         elif m in ("ddp", "compute_only"):
             plan.append((m, None))
+        elif m.startswith(LOCAL_SGD):
+            local_sgd_period(m)  # a clear error for a bad N
+            plan.append((m, None))
         else:
-            raise ValueError(f"unknown method {m!r}: choose from p2p, ddp, compute_only, "
+            raise ValueError(f"unknown method {m!r}: choose from p2p, ddp, compute_only, {LOCAL_SGD}N, "
                              f"{', '.join(P2P_CONFIGS)}")
     return list(dict((name, (name, extra)) for name, extra in plan).values())  # no repeats
 
@@ -142,7 +150,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--task", default=None, help="default tinylm (synthetic with --quick)")
     ap.add_argument("--steps", type=int, default=None, help="per peer (default: per task)")
     ap.add_argument("--methods", default="p2p-diloco-int4-h25,ddp,compute_only",  # our best; "p2p": every config
-                    help="comma-separated: p2p (every P2P_CONFIGS entry), a P2P_CONFIGS name, ddp, compute_only")
+                    help="comma-separated: p2p (every P2P_CONFIGS entry), a P2P_CONFIGS name, ddp, compute_only, torch-localsgd-hN (PyTorch post-local SGD, average every N steps)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=float, default=None, help="seconds between evaluations")
     ap.add_argument("--poll", type=float, default=0.5, help="p2p nodes' --log-every, seconds")

@@ -172,6 +172,17 @@ class BytesSampler:
         return next((b for ts, b in self.curve if ts >= t), self.curve[-1][1])
 
 
+LOCAL_SGD = "torch-localsgd-h"  # torch-localsgd-hN: PyTorch's post-local SGD averaging every N steps
+
+
+def local_sgd_period(method: str) -> int:
+    """N of a ``torch-localsgd-hN`` method name (ValueError on anything else)."""
+    text = method[len(LOCAL_SGD):] if method.startswith(LOCAL_SGD) else ""
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"method {method!r}: expected {LOCAL_SGD}N with N >= 1 steps, e.g. {LOCAL_SGD}25")
+    return int(text)
+
+
 def run_workers(lab: Lab, method: str, s: Settings, log_dir: Path) -> Result:
     res = Result(method, lab.rate or "unlimited")
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -182,9 +193,11 @@ def run_workers(lab: Lab, method: str, s: Settings, log_dir: Path) -> Result:
     sent = BytesSampler(lab, tx0, t0)
     try:
         for i in range(s.peers):
-            if method == "ddp":
+            if method == "ddp" or method.startswith(LOCAL_SGD):
                 argv = [sys.executable, str(BENCH / "ddp_worker.py"), "--rank", str(i), "--world", str(s.peers),
                         "--master", f"{lab.addr(0)}:{DDP_PORT}"]
+                if method.startswith(LOCAL_SGD):
+                    argv += ["--local-sgd-period", str(local_sgd_period(method))]
             else:
                 argv = [sys.executable, str(BENCH / "compute_only.py"), "--shard", f"{i}/{s.peers}"]
             argv += ["--task", s.task, "--steps", str(s.steps), "--seed", str(s.seed),

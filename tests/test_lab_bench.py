@@ -74,6 +74,15 @@ def test_methods_expand_to_every_p2p_configuration_then_the_baselines():
         slow_links.plan_methods(["allreduce"])
 
 
+def test_torch_local_sgd_methods_name_their_period():
+    plan = slow_links.plan_methods(["torch-localsgd-h25", "torch-localsgd-h100"])
+    assert plan == [("torch-localsgd-h25", None), ("torch-localsgd-h100", None)]  # worker methods
+    assert [slow_links_runs.local_sgd_period(name) for name, _ in plan] == [25, 100]
+    for bad in ("torch-localsgd-h", "torch-localsgd-h0", "torch-localsgd-hx"):
+        with pytest.raises(ValueError, match="N >= 1"):
+            slow_links.plan_methods([bad])
+
+
 def test_progress_lines_of_a_node_are_parsed_as_they_grow(tmp_path):
     log = tmp_path / "peer0.log"
     tail = slow_links_runs.LogTail(log)
