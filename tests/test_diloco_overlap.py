@@ -3,6 +3,7 @@ outer round runs beside the next inner steps, so the trainer does not wait for i
 outer step lands one round late without losing the inner steps taken meanwhile."""
 
 from p2p.sim.avg_sim import run
+from p2p.sim.churn import Churn
 from p2p.sim.avg_config import sim_algorithm_options
 
 PEERS, STEPS, COMPUTE_S = 8, 150, 0.05
@@ -26,3 +27,13 @@ def test_overlap_trains_at_compute_speed_and_still_converges():
         # blocking peers wait for every round; overlapped ones only for the last (compute jitter: +-10%)
         slowest = max(overlapped.finish_time.values())
         assert slowest <= 1.03 * compute_only < max(blocking.finish_time.values()), (slowest, blocking.finish_time)
+
+
+def test_overlap_through_joins_and_crashes_ends_with_one_model():
+    # seed 3 once ended with a joiner's copy apart: its repair donor crashed and it kept asking
+    # the dead donor (outer_repair.py, ``drop_if_donor_gone``)
+    r = run("diloco", "full", peers=PEERS, steps=STEPS, seed=3, compute_s=COMPUTE_S, lr_decay_steps=10,
+            churn=Churn(joins=2, crashes=2), options=sim_algorithm_options("diloco", overlap=True))
+    assert r.live[-1] == PEERS and min(r.steps.values()) == STEPS
+    assert r.final_consensus / r.initial_consensus <= 0.01, r.final_consensus / r.initial_consensus
+    assert r.final_gap / r.initial_gap <= 0.08

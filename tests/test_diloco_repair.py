@@ -264,3 +264,21 @@ def test_chunks_cover_both_halves_and_stay_under_the_limit():
     assert all(c <= CHUNK_ENTRIES for _, c in bounds)
     assert sum(c for o, c in bounds if o < N) == N and sum(c for o, c in bounds if o >= N) == N
     assert all((o < N) == (o + c <= N) for o, c in bounds)
+
+
+def test_a_pull_whose_donor_left_is_dropped_at_once_and_the_next_round_picks_another():
+    # Seen in the simulator: a joiner pulling from a peer that then crashed asked it again after
+    # ever longer backoffs and ended the run with its copy still apart.
+    s = Swarm(starts(3, apart={2}), drop=lambda src, dst, msg: isinstance(msg, RepairChunk))
+    rng = np.random.default_rng(5)
+    s.outer_round(rng)
+    alg = s.alg("p2")
+    pull = alg._puller.pull
+    assert pull is not None and pull.donor in ("p0", "p1")
+    alive = [n for n in ("p0", "p1") if n != pull.donor]
+    failed = alg.stats["repairs_failed"]
+    alg.tick(s.now, alive)  # the membership no longer lists the donor
+    assert alg._puller.pull is None and not alg._puller.active
+    assert alg.stats["repair_donors_gone"] == 1 and alg.stats["repairs_failed"] == failed + 1
+    alg.tick(s.now, alive + [pull.donor])  # nothing to drop: counters unchanged
+    assert alg.stats["repair_donors_gone"] == 1

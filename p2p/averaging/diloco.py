@@ -222,7 +222,8 @@ class DiLoCo(AsynchronousHooks):
         # Repairs (outer_repair.py): pulls started / completed / failed, outer steps taken while
         # one was in flight, bytes pulled and served, chunks that missed their deadline.
         for key in ("repairs_started", "repairs_completed", "repairs_failed", "repair_rounds", "repair_bytes",
-                    "repair_bytes_served", "repair_chunks_missed", "repair_chunks_unasked", "repair_stale"):
+                    "repair_bytes_served", "repair_chunks_missed", "repair_chunks_unasked", "repair_stale",
+                    "repair_donors_gone"):
             self.stats[key] = 0
         # How far the outer parameters (the swarm's model) are apart: from the sketches, and from
         # theta_start itself in the rounds that carry it.
@@ -537,6 +538,7 @@ class DiLoCo(AsynchronousHooks):
 
     def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         sends, self._outbox = self._outbox, []
+        self._puller.drop_if_donor_gone(neighbours)
         self._apply_repair()
         if self._syncing:
             if now >= self._continue_at:

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -228,7 +228,7 @@ class RepairPuller:
     is still taken meanwhile (a late chunk, not a lost one, so a second copy only goes out when
     the first is more than twice its deadline late). After ``MAX_ATTEMPTS`` failures, or when
     the donor no longer holds the round, the pull is dropped and the next round's sketches
-    decide afresh."""
+    decide afresh; so is one whose donor left our neighbours (``drop_if_donor_gone``)."""
 
     def __init__(self, numel: int, model_key: str, monitor: BandwidthMonitor, stats: dict[str, int]) -> None:
         self.numel, self.model_key, self.monitor, self.stats = numel, model_key, monitor, stats
@@ -322,6 +322,15 @@ class RepairPuller:
         if not p.chunks:
             self.done = Pulled(p.round, p.start, p.momentum, p.own_start, p.own_momentum)
             self.pull, self._backoff_s = None, 0.0
+
+    def drop_if_donor_gone(self, neighbours: Sequence[str]) -> None:
+        """The donor left our neighbours (dead, left, cut off): drop the pull at once rather than
+        ask it again after ever longer backoffs; the next round's sketches pick a live donor."""
+        p = self.pull
+        if p is not None and p.donor not in neighbours:
+            self.stats["repairs_failed"] += 1
+            self.stats["repair_donors_gone"] += 1
+            self.pull = None
 
     def take(self) -> Optional[Pulled]:
         done, self.done = self.done, None
