@@ -15,8 +15,10 @@ shards, per-peer batch size, optimizer, learning rate, run seed and step count:
   (bench/compute_only.py). It does not depend on the rate, so it runs once (in the first
   rate's lab) and its result is repeated under every rate.
 
-Definitions (all times are wall seconds from launching the method's processes, so process
-start-up, data loading and joining / rendezvous count):
+Definitions (the clock, the same for every method: wall seconds from launching the method's
+processes, so process start-up, data loading and joining / rendezvous count; evaluation runs
+inline in every method's training loop every ``--eval-every`` seconds, so its time counts the
+same way for all):
 - accuracy curve: at each moment, the mean over peers of each peer's latest held-out
   accuracy, defined once every peer has been evaluated (DDP ranks hold one model: rank 0's).
   Everyone evaluates every ``--eval-every`` seconds; workers log the exact time, p2p nodes'
@@ -29,6 +31,9 @@ start-up, data loading and joining / rendezvous count):
   rx_bytes counter: payload plus TCP/IP/Ethernet headers);
 - final_accuracy: the curve's last value; steps: the fewest steps any peer completed;
 - bytes_to_target: bytes_per_peer counted up to time_to_target_s (sampled every ~0.5 s);
+- time_to_high_s, bytes_to_high: the same for a second, higher target (``--target-high``, or
+  the task's ``target_accuracy_high``): one that compute-only does not reach within the steps
+  but DDP does, so that time to it measures what averaging buys, not raw throughput;
 - accuracy_at_equal_steps: the mean accuracy of each peer's last evaluation made at or before
   ``equal_steps``, the fewest steps per peer that any method at that rate completed (so every
   method is compared after the same number of samples, DDP cut off by --max-time included).
@@ -154,6 +159,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=float, default=None, help="seconds between evaluations")
     ap.add_argument("--poll", type=float, default=0.5, help="p2p nodes' --log-every, seconds")
+    ap.add_argument("--target-high", type=float, default=None,
+                    help="a second, higher target (default: the task's target_accuracy_high, if any)")
     ap.add_argument("--max-time", type=float, default=None, help="stop a method after this many seconds")
     ap.add_argument("--prefix", default="p2pbench", help="lab name prefix")
     ap.add_argument("--subnet", default="10.76.0.0/24")
@@ -184,8 +191,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     steps = args.steps or (2000 if args.quick else default_steps)
     eval_every = args.eval_every or (1.0 if args.quick else DEFAULT_EVAL_EVERY.get(task_name, 2.0))
     max_time = args.max_time or (150.0 if args.quick else 600.0)  # DDP at 20 Mbit/s needs hours for 1500 steps
+    high = args.target_high if args.target_high is not None else getattr(task, "target_accuracy_high", None)
     s = Settings(task_name, args.peers, steps, args.seed, eval_every, args.poll, max_time,
-                 float(task.target_accuracy))
+                 float(task.target_accuracy), None if high is None else float(high))
     reason = probe()
     if reason:
         print(f"slow_links: {reason}", file=sys.stderr)
@@ -199,6 +207,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     wall = time.time() - started
     summary = {"task": s.task, "peers": s.peers, "steps": s.steps, "target_accuracy": s.target,
+               "target_accuracy_high": s.target_high,
                "eval_every_s": s.eval_every, "max_time_s": s.max_time, "wall_s": round(wall, 1),
                "results": {rate: {m: r.summary() for m, r in by.items()} for rate, by in results.items()}}
     (out / "slow_links.md").write_text(markdown(results, s, wall))

@@ -66,6 +66,8 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
                 f"| {fmt_mb(r.bytes_to_target)} | {fewer} | {equal} | {vs_ddp} "
                 f"| {fmt(r.final_accuracy, 4)} | {r.steps} | {fmt(r.train_time_s)} "
                 f"| {fmt_mb(r.bytes_per_peer)} | {r.status} |")
+    if s.target_high is not None:
+        lines += _high_target_table(results, s)
     lines += ["", "compute_only runs once (it sends nothing, so the rate does not matter) and is "
               "repeated under every rate. \"MB to target\": mean bytes a peer put on its link until "
               "the time to target (counted at the bridge: payload plus TCP/IP/Ethernet headers). "
@@ -73,6 +75,30 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
               "or before the fewest steps per peer any method at that rate completed (equal steps = "
               "equal total samples: the same peers, batch size and data).", ""]
     return "\n".join(lines)
+
+
+def _high_target_table(results: dict[str, dict[str, Result]], s: Settings) -> list[str]:
+    """Time and bytes to the higher target, against compute-only, DDP and the better of PyTorch's
+    post-local SGD runs (the ``torch-localsgd-hN`` methods) at the same rate."""
+    lines = ["", f"## Higher target: {s.target_high:g}", "",
+             "A target the unaveraged peers (compute-only) do not reach within the steps, so time to it "
+             "measures what averaging buys. \"best torch-localsgd\": the faster of this rate's "
+             "`torch-localsgd-hN` runs to this target.", "",
+             "| rate | method | time to target (s) | × compute-only | × DDP | × best torch-localsgd "
+             "| MB to target / peer | status |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for rate, by_method in results.items():
+        co, ddp = by_method.get("compute_only"), by_method.get("ddp")
+        local = [r.time_to_high_s for name, r in by_method.items()
+                 if name.startswith("torch-localsgd-h") and r.time_to_high_s is not None]
+        best_local = min(local) if local else None
+        for name, r in by_method.items():
+            lines.append(f"| {rate} | {name} | {fmt(r.time_to_high_s)} "
+                         f"| {_ratio(r.time_to_high_s, co.time_to_high_s if co else None)} "
+                         f"| {_ratio(r.time_to_high_s, ddp.time_to_high_s if ddp else None)} "
+                         f"| {_ratio(r.time_to_high_s, best_local)} "
+                         f"| {fmt_mb(r.bytes_to_high)} | {r.status} |")
+    return lines
 
 
 def plot(results: dict[str, dict[str, Result]], s: Settings, path: Path) -> Optional[str]:
@@ -96,6 +122,8 @@ def plot(results: dict[str, dict[str, Result]], s: Settings, path: Path) -> Opti
             t, a = zip(*r.curve)
             ax.plot(t, a, linestyle=styles[k % len(styles)], color=colors[name], label=label)
     ax.axhline(s.target, color="grey", linewidth=0.8)
+    if s.target_high is not None:
+        ax.axhline(s.target_high, color="grey", linewidth=0.8, linestyle="--")
     ax.set_xlabel("wall time since launch (s)")
     ax.set_ylabel("held-out accuracy (mean over peers)")
     ax.set_title(f"{s.task}: {s.peers} peers, {s.steps} steps, shaped links")

@@ -40,6 +40,8 @@ class Result:
     train_time_s: Optional[float] = None
     status: str = "ok"  # ok | max-time | failed: ...
     bytes_to_target: Optional[float] = None  # mean over peers of bytes sent up to time_to_target_s
+    time_to_high_s: Optional[float] = None  # the same for the higher target (Settings.target_high)
+    bytes_to_high: Optional[float] = None
     accuracy_at_equal_steps: Optional[float] = None  # at the steps DDP reached too (see equal_steps)
     equal_steps: Optional[int] = None
     bytes_each: list[int] = field(default_factory=list)
@@ -64,6 +66,7 @@ class Settings:
     poll: float
     max_time: float
     target: float
+    target_high: Optional[float] = None  # a second target: one compute-only does not reach, DDP does
 
 
 # -- running one method in one lab ------------------------------------------------------------
@@ -243,6 +246,9 @@ def _finish(res: Result, lab: Lab, sent: BytesSampler, series, by_step, steps, f
     res.step_curve = [(int(k), round(a, 5)) for k, a in _common.mean_accuracy_curve(by_step)]
     res.time_to_target_s = _common.time_to_target(res.curve, s.target)
     res.bytes_to_target = sent.at(res.time_to_target_s)
+    if s.target_high is not None:
+        res.time_to_high_s = _common.time_to_target(res.curve, s.target_high)
+        res.bytes_to_high = sent.at(res.time_to_high_s)
     res.final_accuracy = res.curve[-1][1] if res.curve else None
     res.steps = min(steps) if steps else 0
     res.train_time_s = (round(max(f for f in finished), 3)
