@@ -212,7 +212,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                "results": {rate: {m: r.summary() for m, r in by.items()} for rate, by in results.items()}}
     (out / "slow_links.md").write_text(markdown(results, s, wall))
     (out / "slow_links.json").write_text(json.dumps(
-        {**summary, "curves": {rate: {m: r.curve for m, r in by.items()} for rate, by in results.items()}}, indent=1))
+        {**summary, "curves": {rate: {m: r.curve for m, r in by.items()} for rate, by in results.items()},
+         "bytes_curves": {rate: {m: r.bytes_curve for m, r in by.items()} for rate, by in results.items()}}, indent=1))
     problem = plot(results, s, out / "slow_links.png")
     log(f"wrote {out / 'slow_links.md'}, {out / 'slow_links.json'}"
         + (f"; no plot: {problem}" if problem else f", {out / 'slow_links.png'}") + f" in {wall / 60:.1f} min")
