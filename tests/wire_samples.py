@@ -38,6 +38,9 @@ SAMPLES += [AvgRequestQ(**_Q, exchange=3, step=10, model_key="synthetic/12"),
             AvgReplyQ(**_Q, exchange=3, step=11, model_key="synthetic/12")]
 
 from p2p.averaging.diloco import OuterShareQ  # noqa: E402
+from p2p.averaging.outer_repair import RepairRequest  # noqa: E402
+
+SAMPLES += [RepairRequest(round=6, offset=12, count=4, model_key="synthetic/12")]  # no tensors
 
 SAMPLES += [OuterShareQ(**_Q, round=2, step=100, degree=3, model_key="synthetic/12", params=PARAMS,
                         sketch=PARAMS[:4], momentum=-PARAMS),
