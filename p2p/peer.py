@@ -37,6 +37,8 @@ class Peer:
         self.addr = addr
         self.membership = membership
         self.averager = averager
+        if hasattr(averager, "self_addr"):
+            averager.self_addr = addr  # DiLoCo names the Deltas it averaged by address (replay repairs)
         self.topology = topology
         self.donor = donor
         self.joiner: Optional[StateJoiner] = None

@@ -32,6 +32,7 @@ class Swarm:
             port = ArrayPort(np.asarray(start, np.float32), KEY, immediate=True)
             self.peers[name] = (port, DiLoCo(config, port, random.Random(0), 0.0,
                                              DiLoCoConfig(inner_steps=H, outer_lr=0.7, outer_momentum=0.9)))
+            self.peers[name][1].self_addr = name  # as p2p.peer.Peer sets it
         self.now = 0.0
         self.cut: set[str] = set()
         self.drop = drop
@@ -282,3 +283,45 @@ def test_a_pull_whose_donor_left_is_dropped_at_once_and_the_next_round_picks_ano
     assert alg.stats["repair_donors_gone"] == 1 and alg.stats["repairs_failed"] == failed + 1
     alg.tick(s.now, alive + [pull.donor])  # nothing to drop: counters unchanged
     assert alg.stats["repair_donors_gone"] == 1
+
+
+def test_a_share_that_came_late_is_replayed_not_pulled():
+    # p3's share of round 0 reaches p2 only after p2's round timed out: p2 averaged three
+    # Deltas, the others four. In round 1 p2 sees its copy apart, recomputes their average
+    # from the Deltas it kept (the late one included) and corrects itself: no model moves.
+    held = []
+
+    def hold(src, dst, msg):
+        if src == "p3" and dst == "p2" and getattr(msg, "round", None) == 0 and not isinstance(msg, RepairChunk):
+            held.append(msg)
+            return True
+        return False
+
+    s = Swarm(starts(4), drop=hold, timeout_s=2.0)
+    rng = np.random.default_rng(11)
+    s.outer_round(rng)
+    assert held and not agree(s, s.names)  # p2 took another average
+    for msg in held:  # the late share arrives
+        s.alg("p2").receive("p3", msg, s.now, s.others("p2"))
+    before = dict(s.sent)
+    s.outer_round(rng)
+    s.outer_round(rng)
+    p2 = s.alg("p2")
+    assert p2.stats["repairs_replayed"] == 1 and p2.stats["repairs_started"] == 0 and p2.stats["repair_bytes"] == 0
+    assert agree(s, s.names)  # one copy again, up to float rounding
+    assert all(k not in ("RepairRequest", "RepairChunk") for kinds in s.kinds.values() for k in kinds)
+    assert s.sent["p2"] - before["p2"] <= s.sent["p0"] - before["p0"] + 1000  # p2 sent no more than the others
+
+
+def test_a_share_that_never_came_is_pulled():
+    # The same, but p3's share of round 0 never reaches p2: replay cannot rebuild the average
+    # (counted), so p2 pulls the swarm's copy from one donor.
+    s = Swarm(starts(4), drop=lambda src, dst, msg: src == "p3" and dst == "p2" and getattr(msg, "round", None) == 0
+              and not isinstance(msg, RepairChunk), timeout_s=2.0)
+    rng = np.random.default_rng(12)
+    for _ in range(4):
+        s.outer_round(rng)
+    p2 = s.alg("p2")
+    assert p2.stats["repairs_replayed"] == 0 and p2.stats["replays_missing"] >= 1
+    assert p2.stats["repairs_completed"] == 1 and p2.stats["repair_bytes"] > 0
+    assert agree(s, s.names)

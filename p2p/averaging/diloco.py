@@ -80,6 +80,17 @@ With ``gossip_rounds`` > 1 (sparse graphs, where no round is an exact average an
 are never equal) theta_start and the momentum travel in every round (a left-out one is an
 empty tensor, which the round mixes as "equal to mine").
 
+Replay repairs: most copies fall apart by one round's average, not by missed rounds: a share
+that reached some peers in time and others after their round's deadline (a loaded machine, a
+link that went down mid-transfer) leaves the two sides with averages over different sets. Each
+share names whose Deltas its sender's previous round averaged (``mixed``; empty when robust
+mixing clipped one or staleness weights were used: not a plain mean), and each peer keeps the
+decoded Deltas of the last two rounds, late ones included (``REPLAY_BUDGET_BYTES`` at most). A
+peer that agreed with the reference group one round ago and holds every Delta the group
+averaged recomputes their average and corrects its own copy by the difference (d m = d Delta,
+d theta_start = -lr (1 + mu) d Delta, carried through the outer steps since, as a pull's is):
+no model travels. Otherwise it pulls, as above.
+
 Round deadlines on ``full`` follow the link (issue 16): a round waits at most ``ROUND_SLACK``
 times the usual wait for all shares (an EWMA of the rounds that completed, so the bytes / the
 measured rate and the neighbours' skew; doubled after each round that timed out), between
@@ -128,6 +139,8 @@ ROUND_SLACK = 3.0  # a round waits at most this many times its usual wait (modul
 MIN_ROUND_TIMEOUT_S = 2.0
 WAIT_EWMA_ALPHA = 0.2
 _SELF = ""  # our own key among the sketches (no address is empty)
+REPLAY_BUDGET_BYTES = 512 * 2**20  # at most this much memory for the Deltas kept for replay repairs
+MAX_MIXED = 4096  # senders a share's ``mixed`` list may name
 
 
 @dataclass(frozen=True)
@@ -167,6 +180,7 @@ class OuterShare:
     delta: np.ndarray  # the sender's estimate of the averaged pseudo-gradient
     sketch: np.ndarray  # the sender's theta_start at sketch_positions (module docstring)
     momentum: np.ndarray  # the sender's outer momentum when params is sent, else empty
+    mixed: tuple = ()  # whose Deltas (the sender's too) its previous round averaged; () unknown
 
 
 @message(66)
@@ -181,6 +195,7 @@ class OuterShareQ(CompressedFields):
     params: np.ndarray  # theta_start, float32, or empty in rounds that leave it out
     sketch: np.ndarray  # theta_start at sketch_positions
     momentum: np.ndarray  # the outer momentum when params is sent, else empty
+    mixed: tuple = ()  # as OuterShare.mixed
 
 
 def _received_state(msg, port: ModelPort):
@@ -223,7 +238,7 @@ class DiLoCo(AsynchronousHooks):
         # one was in flight, bytes pulled and served, chunks that missed their deadline.
         for key in ("repairs_started", "repairs_completed", "repairs_failed", "repair_rounds", "repair_bytes",
                     "repair_bytes_served", "repair_chunks_missed", "repair_chunks_unasked", "repair_stale",
-                    "repair_donors_gone"):
+                    "repair_donors_gone", "repairs_replayed", "replays_missing"):
             self.stats[key] = 0
         # How far the outer parameters (the swarm's model) are apart: from the sketches, and from
         # theta_start itself in the rounds that carry it.
@@ -239,7 +254,7 @@ class DiLoCo(AsynchronousHooks):
         self._start = port.snapshot()  # theta_start: the model before the first inner step
         self._positions = sketch_positions(self._start.size)
         self._sketch = self._start[self._positions]  # ours, of the round in flight
-        self._theirs: dict[int, dict[str, tuple[np.ndarray, int]]] = {}  # round -> sender -> (sketch, step)
+        self._theirs: dict[int, dict[str, tuple]] = {}  # round -> sender -> (sketch, step, mixed)
         self._sent_params: set[str] = set()  # whom we sent theta_start in the round in flight
         # Repair (outer_repair.py): the link estimates its deadlines come from (its own chunks:
         # a round share's timing mostly measures the sender's lead), both sides of the pull.
@@ -254,6 +269,15 @@ class DiLoCo(AsynchronousHooks):
         self._began_at = 0.0
         self._wait_for: frozenset = frozenset()
         self._absent: set[str] = set()
+        # Replay repairs (module docstring): the decoded Deltas of the last two rounds, ours too,
+        # late ones included; the average we took; whose Deltas it was; our own address (the
+        # Peer sets it: it names us in the neighbours' ``mixed`` lists).
+        self.self_addr: str | None = None
+        self._deltas: dict[int, dict[str, np.ndarray]] = {}
+        self._averaged: dict[int, np.ndarray] = {}
+        self._mixed_last: tuple = ()
+        self._agreed_at = -1  # the last round whose sketches put us in the reference group
+        self._replay: tuple[int, np.ndarray, np.ndarray] | None = None  # (round, d theta_start, d momentum) to apply
         self._momentum = np.zeros_like(self._start)
         self._syncing = False  # between the boundary and the outer step
         self._shipped: np.ndarray | None = None  # overlap: our own Delta of the round in flight, in full precision
@@ -300,7 +324,7 @@ class DiLoCo(AsynchronousHooks):
         self._sketch = start[self._positions]
 
     def next_deadline(self) -> float:
-        if self._outbox or (self._puller.done is not None and not self._syncing):
+        if self._outbox or ((self._puller.done is not None or self._replay is not None) and not self._syncing):
             return -math.inf  # chunks to send, a pulled state to apply: tick does it now
         return min(self._rounds.deadline, self._continue_at, self._puller.next_deadline())
 
@@ -348,6 +372,7 @@ class DiLoCo(AsynchronousHooks):
                                    timeout_s=self._round_timeout(), wait_for=self._wait_for)
         self._began_at = now
         self._serving = None
+        self._keep_delta(r, self.self_addr, delta)
         self._sketch = start[self._positions]
         self._sent_params = set(neighbours) if self._params_every_round else set()
         self.stats["params_sent"] += len(self._sent_params)
@@ -358,11 +383,11 @@ class DiLoCo(AsynchronousHooks):
                 continue
             if self._packed is None:
                 msg = OuterShare(r, self.port.step, len(neighbours), self.port.model_key, params, delta,
-                                 self._sketch, mom)
+                                 self._sketch, mom, self._mixed_last)
             else:
                 msg = OuterShareQ(**compressed_fields(self._packed), round=r, step=self.port.step,
                                   degree=len(neighbours), model_key=self.port.model_key, params=params,
-                                  sketch=self._sketch, momentum=mom)
+                                  sketch=self._sketch, momentum=mom, mixed=self._mixed_last)
             sends += [Send(j, msg) for j in to]
         self._poll(now)
         return sends
@@ -374,20 +399,68 @@ class DiLoCo(AsynchronousHooks):
         theirs = self._theirs.pop(r, {})
         self._theirs = {k: v for k, v in self._theirs.items() if k > r}
         sketches = {}
-        for src, (sketch, step) in theirs.items():
+        for src, (sketch, step, _) in theirs.items():
             if src in refused:
                 continue
             self.disagreement.observe(sketch - self._sketch, self._sketch)
             if sketches_differ(self._sketch, sketch):
                 self.stats["copies_apart"] += 1
             sketches[src] = (sketch, step)
-        if self._params_every_round or self._done or not sketches or r < self._fresh_from or self._puller.active:
+        if self._params_every_round or self._done or not sketches or r < self._fresh_from or self._puller.active \
+                or self._replay is not None:
             return  # sparse graphs mix theta_start in every round; one repair at a time
         reference = reference_group({**sketches, _SELF: (self._sketch, self.port.step)}, sketches_differ)
         if _SELF in reference:
+            self._agreed_at = r
+            return
+        if self._replay_from(r, reference, theirs):
             return
         links = self.monitor.links
         self._pull_from = max(sorted(reference), key=lambda j: links[j].throughput_bps or 0 if j in links else 0)
+
+    def _replay_from(self, r: int, reference: set[str], theirs: dict) -> bool:
+        """Repair without moving a model (module docstring, "Replay repairs"): our copy agreed
+        with the reference group's one round ago, so only round r - 1's average differs (a share
+        that reached them but not us in time, or the reverse). If we hold every Delta they
+        averaged (late ones are kept), recompute their average and correct ours by the
+        difference, carried through the outer step: d m = d Delta, d theta_start =
+        -lr (1 + mu) d Delta. False: pull instead."""
+        prev = r - 1
+        if self._agreed_at != prev or self.self_addr is None or prev not in self._averaged:
+            return False
+        lists = [theirs[j][2] for j in sorted(reference) if j in theirs and theirs[j][2]]
+        if not lists:
+            return False
+        kept = self._deltas.get(prev, {})
+        if any(s not in kept for s in lists[0]):
+            self.stats["replays_missing"] += 1
+            return False
+        total = np.zeros_like(self._averaged[prev])
+        for s in lists[0]:
+            total += kept[s]
+        d = total / np.float32(len(lists[0])) - self._averaged[prev]
+        opts = self.options
+        self._replay = (r, np.float32(-opts.outer_lr * (1 + opts.outer_momentum)) * d, d)
+        self.stats["repairs_replayed"] += 1
+        return True
+
+    def _keep_delta(self, round: int, src: str | None, delta: np.ndarray) -> None:
+        """Keep a round's decoded Delta for replay repairs (the last two rounds, within
+        ``REPLAY_BUDGET_BYTES``)."""
+        if src is None or self._params_every_round or not self._rounds.round - 2 <= round <= self._rounds.round + 2:
+            return
+        self._deltas = {k: v for k, v in self._deltas.items() if k >= self._rounds.round - 2}
+        if (1 + sum(map(len, self._deltas.values()))) * delta.nbytes > REPLAY_BUDGET_BYTES:
+            return
+        self._deltas.setdefault(round, {})[src] = delta
+
+    def _note_average(self, r: int, mixed, exact: bool) -> None:
+        """Round ``r``'s average, and whose Deltas it took (sent with our next share). Not
+        replayable when a Delta was clipped or down-weighted: () says "unknown"."""
+        self._averaged = {k: v for k, v in self._averaged.items() if k >= r - 1}
+        self._averaged[r] = mixed.payload[1]
+        used = (mixed.senders - mixed.refused) | {self.self_addr}
+        self._mixed_last = tuple(sorted(used)) if exact and self.self_addr is not None else ()
 
     def _round_timeout(self) -> float:
         """This round's deadline (module docstring): ``ROUND_SLACK`` x the usual wait."""
@@ -421,9 +494,11 @@ class DiLoCo(AsynchronousHooks):
             return
         tau = self.config.staleness_tau if self.config.staleness_aware else None
         r = self._rounds.round
+        clipped = self.stats.get("robust_clipped", 0)
         mixed = self._rounds.finish(self.port.step, tau, now)
         if not self._params_every_round:
             self._observe_wait(mixed, now)
+            self._note_average(r, mixed, tau is None and self.stats.get("robust_clipped", 0) == clipped)
         self._compare_sketches(r, mixed.refused)
         self._payload = mixed.payload
         self._packed = None
@@ -460,16 +535,20 @@ class DiLoCo(AsynchronousHooks):
         self._serve(now)  # finished: a neighbour may have begun the next round already
 
     def _apply_repair(self) -> None:
-        """A finished pull (outer_repair.py, "Replay"): move our theta_start, momentum and model
-        by the donor's difference, carried through the outer steps taken since its round."""
+        """A finished pull (outer_repair.py, "Replay") or a replay repair: move our theta_start,
+        momentum and model by the difference, carried through the outer steps taken since."""
         if self._syncing:
             return
+        if self._replay is not None:
+            (round, d_start, d_momentum), self._replay = self._replay, None
+            self._correct(round, d_start, d_momentum)
         done = self._puller.take()
-        if done is None:
-            return
-        d_start, d_momentum = done.start - done.own_start, done.momentum - done.own_momentum
+        if done is not None:
+            self._correct(done.round, done.start - done.own_start, done.momentum - done.own_momentum)
+
+    def _correct(self, round: int, d_start: np.ndarray, d_momentum: np.ndarray) -> None:
         opts = self.options
-        propagate(d_start, d_momentum, self._rounds.round - done.round, opts.outer_lr, opts.outer_momentum)
+        propagate(d_start, d_momentum, self._rounds.round - round, opts.outer_lr, opts.outer_momentum)
         self._start = self._start + d_start
         self._momentum = self._momentum + d_momentum
         self.port.add_delta(d_start)  # the model keeps its inner progress on the new theta_start
@@ -525,12 +604,16 @@ class DiLoCo(AsynchronousHooks):
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a DiLoCo message")
         params, momentum = _received_state(msg, self.port)
         _check_sketch(msg.sketch, self._positions)
+        if len(msg.mixed) > MAX_MIXED or not all(isinstance(s, str) for s in msg.mixed):
+            raise RemoteProtocolError("bad_value", f"mixed: {len(msg.mixed)} entries, want at most {MAX_MIXED} addresses")
+        if params is None:  # off the receive buffer: kept past this call (a compressed one was decoded)
+            self._keep_delta(msg.round, src, delta.copy() if isinstance(msg, OuterShare) else delta)
         if msg.round >= self._rounds.round - 1:
             self._absent.discard(src)  # in step with us again (a late share by one round: a straggler)
         if self._rounds.offer(src, msg.round, msg.degree, msg.step, (params, delta, momentum)) and params is None:
             buffered = self._rounds.buffered()  # keep sketches only as long as the rounds do
             self._theirs = {k: v for k, v in self._theirs.items() if k in buffered}
-            self._theirs.setdefault(msg.round, {})[src] = (msg.sketch.copy(), msg.step)  # off the receive buffer
+            self._theirs.setdefault(msg.round, {})[src] = (msg.sketch.copy(), msg.step, msg.mixed)  # off the receive buffer
         if self._syncing and self._continue_at == math.inf:
             self._poll(now)
         self._serve(now)
