@@ -429,8 +429,8 @@ class DiLoCo(AsynchronousHooks):
         if self._agreed_at != prev or self.self_addr is None or prev not in self._averaged:
             return False
         lists = [theirs[j][2] for j in sorted(reference) if j in theirs and theirs[j][2]]
-        if not lists:
-            return False
+        if not lists or any(other != lists[0] for other in lists[1:]):
+            return False  # the group must agree on what it averaged (one liar cannot steer us)
         kept = self._deltas.get(prev, {})
         if any(s not in kept for s in lists[0]):
             self.stats["replays_missing"] += 1
