@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import zmq
 
+from p2p.net.keyring import KeyFile
 from p2p.net.control import ModelReply, ModelRequest, StateReply, StateRequest, StatusReply, StatusRequest
 from p2p.events import event
 from p2p.peer import Peer
@@ -50,8 +51,9 @@ class NetworkDriver:
                  status_info: Callable[[], dict], state_reply: Callable[[], StateReply],
                  shutdown_grace_s: float, hooks: StepHooks | None = None,
                  limits: Limits = DEFAULT_LIMITS, model_reply: Callable[[], ModelReply] | None = None,
-                 tamper: Callable[[object], object] | None = None) -> None:
+                 tamper: Callable[[object], object] | None = None, key_file: KeyFile | None = None) -> None:
         self.transport = transport
+        self.key_file = key_file  # re-read when it changes (key rotation); transport.keyring follows
         self.tamper = tamper  # test-only: a hostile peer rewrites what it sends (p2p/averaging/hostile.py)
         self.peer = peer
         self.advertise = advertise
@@ -172,6 +174,7 @@ class NetworkDriver:
             now = time.monotonic()
             if now >= self._next_housekeeping:
                 self.transport.housekeeping(now, self.peer.neighbours())
+                self._reload_keys()
                 self._next_housekeeping = now + 1.0
             if self.hooks is not None:
                 self._send_all(self.hooks.service(now, self.peer.neighbours))
@@ -182,6 +185,19 @@ class NetworkDriver:
             self.transport.poller.unregister(self.hooks.wake_socket)
         self._send_all(self.peer.leave(time.monotonic()))
         self.transport.close(linger_s=0.5)  # give the leave announcements a moment to go out
+
+    def _reload_keys(self) -> None:
+        """Key rotation without a restart: take the key file's new keys (a stat per second)."""
+        keys = self.key_file
+        if keys is None:
+            return
+        error = keys.last_error
+        if keys.reload_if_changed():
+            self.transport.keyring = keys.keyring
+            event("keys_reloaded", f"swarm key file reloaded: {keys.keyring.describe()}", logging.WARNING,
+                  key_id=keys.keyring.primary_id.hex(), keys=len(keys.keyring.keys))
+        elif keys.last_error and keys.last_error != error:
+            event("keys_unusable", f"{keys.last_error}; keeping the keys loaded before", logging.ERROR)
 
     def _handle(self, incoming: Incoming) -> None:
         now = time.monotonic()
