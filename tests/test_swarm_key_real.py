@@ -76,3 +76,50 @@ def test_members_with_the_key_train_and_outsiders_with_another_key_or_none_canno
         for extra in ((), ("--swarm-key", theirs)):
             bad = cli_status(members.addrs[2], *extra, timeout="1")
             assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "swarm key" in bad.stderr, bad.stderr
+
+
+def test_keys_rotate_without_a_restart_and_a_removed_key_is_refused(tmp_path):
+    import p2p
+    import torch
+
+    from p2p.net.keyring import key_id, load_key_file
+
+    lines = [new_key_line() for _ in range(3)]
+    files = [tmp_path / "a.key", tmp_path / "b.key"]
+
+    def write(path, *keys):  # as an operator would: a new file moved into place
+        tmp = path.with_suffix(".new")
+        tmp.write_text("".join(lines[k] + "\n" for k in keys))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+
+    for f in files:
+        write(f, 0)
+    fast = dict(membership="local", join_timeout=20, exchange_timeout=1.0)
+    a = p2p.Swarm(torch.nn.Linear(4, 2), listen="127.0.0.1:0", swarm_key=str(files[0]), **fast).start()
+    b = p2p.Swarm(torch.nn.Linear(4, 2), listen="127.0.0.1:0", join=[a.address], swarm_key=str(files[1]), **fast).start()
+    try:
+        def sees(me, other):
+            rows = {m["addr"]: m for m in me.status()["members"]}
+            row = rows.get(other.address)
+            return row is not None and row["state"] == "alive" and row["last_heard_s"] is not None and row["last_heard_s"] < 1.0
+
+        def settled(keys):  # both reloaded this file and still hear each other
+            want = key_id(load_key_file(str(files[0])).primary).hex()
+            return all(s.status()["security"]["keys"] == keys and s.status()["security"]["key_id"] == want
+                       for s in (a, b)) and sees(a, b) and sees(b, a)
+
+        wait_until(lambda: sees(a, b) and sees(b, a), 20, what="the two members to see each other")
+        for step, keys in (((0, 1), 2), ((1, 0), 2), ((1,), 1)):  # add the new key, make it first, drop the old
+            for f in files:
+                write(f, *step)
+            wait_until(lambda: settled(keys), 20, what=f"both members on keys {step}")
+        assert all(s.status()["security"]["reloads"] == 3 for s in (a, b))
+        assert not any(s.status()["rejected"] for s in (a, b))  # nothing was lost on the way
+        write(files[0], 2)  # a moves to a key b does not hold: each refuses the other from now on
+        wait_until(lambda: a.status()["rejected"].get("no_key", 0) > 0 and b.status()["rejected"].get("no_key", 0) > 0,
+                   20, what="both to refuse the other's key")
+        wait_until(lambda: not sees(a, b) and not sees(b, a), 20, what="the members to stop hearing each other")
+    finally:
+        b.close(linger_s=0.0, checkpoint=False)
+        a.close(linger_s=0.0, checkpoint=False)
