@@ -424,3 +424,35 @@ def test_a_recorded_sealed_connection_replayed_byte_for_byte_is_rejected():
         a.close()
         b.close()
         recorder.close()
+
+
+def test_a_rotated_out_key_loses_its_open_bulk_connections():
+    from p2p.net.keyring import Keyring
+
+    old, new = Keyring((b"\x01" * 32,)), Keyring((b"\x02" * 32,))
+    a_port, b_port = free_ports(2)
+    a_addr, b_addr = f"127.0.0.1:{a_port}", f"127.0.0.1:{b_port}"
+    a, b = Transport(TransportConfig(), a_addr, keyring=old), Transport(TransportConfig(), b_addr, keyring=old)
+    try:
+        params = np.ones(200_000, dtype=np.float32)
+
+        def send_big(i):
+            assert a.send(b_addr, encode(AvgRequest(i, 0, "k", params), a_addr), time.monotonic())
+            return exchange(a, b, 1, timeout_s=1.0)  # one written into the closed connection is lost
+
+        assert [g.error for g in send_big(1)] == [None]
+        b.set_keyring(new)  # b drops the old key: a's open connection must not stay usable
+        got = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:  # a sees the close, re-dials with its (old) key
+            got = send_big(2)
+        assert [g.error.reason for g in got] == ["no_key"]
+        a.set_keyring(new)
+        got = []
+        deadline = time.monotonic() + 10
+        while not (got and got[-1].error is None) and time.monotonic() < deadline:
+            got = send_big(3)
+        assert got[-1].error is None and decode(got[-1].frames)[1].exchange == 3
+    finally:
+        a.close()
+        b.close()

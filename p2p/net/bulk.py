@@ -254,6 +254,11 @@ class SealedReader:
     def finite_checked(self) -> bool:
         return self.inner.finite_checked
 
+    @property
+    def key_id(self) -> Optional[bytes]:
+        """The id of the key the sender sealed with (None until its hello arrived)."""
+        return self._opener.key_id if self._opener is not None else None
+
     def mid_message(self) -> bool:
         return self._have > 0 or self._phase == "record" or self.inner.mid_message()
 

@@ -193,7 +193,7 @@ class NetworkDriver:
             return
         error = keys.last_error
         if keys.reload_if_changed():
-            self.transport.keyring = keys.keyring
+            self.transport.set_keyring(keys.keyring)
             event("keys_reloaded", f"swarm key file reloaded: {keys.keyring.describe()}", logging.WARNING,
                   key_id=keys.keyring.primary_id.hex(), keys=len(keys.keyring.keys))
         elif keys.last_error and keys.last_error != error:

@@ -164,7 +164,8 @@ class BulkSealer:
 
     def __init__(self, keyring: Keyring, now_s: float, salt: Optional[bytes] = None) -> None:
         salt = os.urandom(16) if salt is None else salt
-        clear = HELLO.pack(VERSION, keyring.primary_id, salt, int(now_s * 1000))
+        self.key_id = keyring.primary_id
+        clear = HELLO.pack(VERSION, self.key_id, salt, int(now_s * 1000))
         self._aead = _connection_key(keyring.primary, salt)
         self.hello = clear + self._aead.encrypt(_HELLO_NONCE, b"", clear)
         self._counter = 0
@@ -201,6 +202,7 @@ class BulkOpener:
         except InvalidTag:
             raise RemoteProtocolError("bad_key", f"bulk hello fails authentication (key {kid.hex()})") from None
         guard.admit(salt, sent_ms, int(now_s * 1000))
+        self.key_id = kid
         self._counter = 0
 
     @staticmethod

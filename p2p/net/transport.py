@@ -334,6 +334,22 @@ class Transport:
             if stream.queue:
                 self._pump(addr, stream, now)
 
+    def set_keyring(self, keyring: Keyring) -> None:
+        """Key rotation: from now on send with ``keyring.primary`` and accept only its keys. Bulk
+        connections made with a key no longer listed are closed (a removed key must not keep a
+        connection); idle outgoing ones made with the old primary too, so they re-dial with the new."""
+        self.keyring = keyring
+        for stream in list(self._in.values()):
+            kid = getattr(stream.reader, "key_id", None)
+            if kid is not None and keyring.lookup(kid) is None:
+                self.transfers_abandoned += stream.reader.mid_message()
+                self._close_in(stream)
+        for stream in self._out.values():
+            if stream.sealer is not None and stream.sealer.key_id != keyring.primary_id and not stream.queue:
+                if stream.sock is not None:
+                    stream.sock.close()
+                stream.sock, stream.connected, stream.sealer, stream.hello = None, False, None, None
+
     def reply(self, identity: bytes, frames: list) -> bool:
         """Answer a client on the ROUTER connection its request came in on."""
         if self.keyring is not None:
