@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # the trainer's side of the averager's hooks (p2p/training/st
     from p2p.training.step_hooks import StepHooks
 
 log = logging.getLogger("p2p.net.driver")
+REJECT_LOG_EVERY_S = 10.0  # rejected messages: one log line per this long (and the first of each reason)
 T = TypeVar("T")
 
 
@@ -72,6 +73,7 @@ class NetworkDriver:
         os.set_blocking(self._wake_write, False)
         transport.poller.register(self._wake_read, zmq.POLLIN)
         self.rejected: Counter[str] = Counter()
+        self._next_reject_log = 0.0
         self.stop_requested = threading.Event()
         self.finished = threading.Event()
         self.error: BaseException | None = None
@@ -219,9 +221,12 @@ class NetworkDriver:
         except RemoteProtocolError as exc:
             self.rejected[exc.reason] += 1
             total = sum(self.rejected.values())
-            if total <= 20 or total % 100 == 0:  # keep logs readable under a flood
-                event("rejected", f"rejected message ({exc}), {total} rejected so far", logging.WARNING,
-                      reason=exc.reason, detail=exc.detail, total=total)
+            # The first of each reason, then at most one line per REJECT_LOG_EVERY_S: a flood (an
+            # outsider hammering a sealed swarm) stays a few lines, and the counters say the rest.
+            if self.rejected[exc.reason] == 1 or now >= self._next_reject_log:
+                self._next_reject_log = now + REJECT_LOG_EVERY_S
+                event("rejected", f"rejected message ({exc}), {total} rejected so far ({dict(self.rejected)})",
+                      logging.WARNING, reason=exc.reason, detail=exc.detail, total=total)
             return
         self._send_all(sends)
 
