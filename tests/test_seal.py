@@ -268,3 +268,26 @@ def test_the_key_file_is_reread_when_it_changes_and_a_broken_edit_keeps_the_old_
     assert not keys.reload_if_changed() and len(keys.keyring.keys) == 2 and "line 2" in keys.last_error
     write(tmp_path / "k", f"{b}\n")
     assert keys.reload_if_changed() and keys.keyring.keys == (base64.b64decode(b),) and keys.last_error is None
+
+
+# -- hostile input never gets further than a RemoteProtocolError ---------------------------------
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=64), min_size=0, max_size=20), st.booleans())
+def test_any_frames_open_or_raise_a_remote_protocol_error(frames, sealed_header):
+    if sealed_header and frames:  # a well-formed header with our key id: the body is what varies
+        frames[0] = HEADER.pack(1, key_id(K1), os.urandom(12), int(NOW * 1000))
+    with pytest.raises(RemoteProtocolError):
+        opened(Keyring((K1,)), frames)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=1, max_size=5000), st.booleans(), st.integers(0, 2**32 - 1))
+def test_any_bytes_on_a_sealed_stream_are_refused_or_wait_but_never_deliver(data, after_hello, seed):
+    ring = Keyring((K1,))
+    reader = sealed_reader(ring)
+    prefix = BulkSealer(ring, NOW).hello if after_hello else b""
+    try:
+        got = feed(reader, prefix + data, random.Random(seed))
+    except RemoteProtocolError:
+        return
+    assert got == []  # nothing forged is ever delivered (at most it waits for more bytes)
