@@ -81,9 +81,9 @@ def security_line(info: dict) -> str:
     security = info.get("security")
     if not security:
         return ""
+    if security["mode"] == "open":
+        return "security: open (no --swarm-key: anyone who reaches this node can join and read the models)"
     rejected = info.get("rejected") or {}
     counts = ", ".join(f"{r} {rejected.get(r, 0)}" for r in SEAL_REASONS)
-    if security["mode"] == "open":
-        return f"security: open (no --swarm-key: anyone who reaches this node can join and read the models); {counts}"
     return (f"security: {security['summary']}; rejected {counts}"
             + (f"; key file: {security['key_file_error']}" if security.get("key_file_error") else ""))
