@@ -9,4 +9,4 @@ if ! "$PYTHON" -c "import torch" >/dev/null 2>&1; then
   "$PYTHON" -m pip install --quiet --root-user-action=ignore "torch==2.13.0"
 fi
 "$PYTHON" -m pip install --quiet --root-user-action=ignore -e ".[test]"
-"$PYTHON" -c "import torch, zmq, msgpack, typer; print(f'p2p installed: torch {torch.__version__}, pyzmq {zmq.__version__}')"
+"$PYTHON" -c "import torch, zmq, msgpack, typer, cryptography; print(f'p2p installed: torch {torch.__version__}, pyzmq {zmq.__version__}, cryptography {cryptography.__version__}')"

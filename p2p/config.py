@@ -27,6 +27,7 @@ from p2p.compression import COMPRESSORS
 from p2p.gossip.config import PRESETS as MEMBERSHIP_PRESETS
 from p2p.gossip.config import MembershipConfig
 from p2p.net.addresses import bulk_address, parse_address
+from p2p.net.keyring import load_key_file
 from p2p.net.transport import TransportConfig
 from p2p.protocol import LocalProtocolError
 from p2p.statesync import SyncConfig
@@ -71,6 +72,7 @@ class SwarmConfig:
     checkpoint_every_s: float = 60.0  # seconds between checkpoints (and one at a clean stop)
     keep_checkpoints: int = 2  # checkpoint files kept
     hostile: Optional[str] = None  # test-only: corrupt what this member sends (p2p/averaging/hostile.py)
+    swarm_key: Optional[str] = None  # key file (p2p/net/keyring.py): seal every message with it; None: an open swarm
 
     def __post_init__(self) -> None:
         if self.sync.window > self.transport.bulk.max_pending_per_peer:
@@ -158,6 +160,14 @@ def _directory(value: Any) -> str:
         raise ValueError(f"expected a directory path, got {value!r}")
     if os.path.exists(value) and not os.path.isdir(value):
         raise ValueError(f"{value!r} exists and is not a directory")
+    return value
+
+
+def _key_file(value: Any) -> str:
+    """A usable swarm key file (read now, so that a bad one is refused before anything starts)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"expected a key file path, got {value!r}")
+    load_key_file(value)  # KeyFileError is a ValueError, with one line that says how to fix it
     return value
 
 
@@ -250,6 +260,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "CHOCO consensus step size in (0, 1] (default: suggested for the codec)."),
     Setting("robust_mixing", "averaging", "robust_mixing", _flag,
             "Clip or refuse a neighbour's model/update far from ours and shun repeat offenders (ClippedGossip; default on)."),
+    Setting("swarm_key", "swarm", "swarm_key", _key_file,
+            "Key file (`p2p keygen`, mode 600): authenticate and encrypt every message with it; members need the same key."),
     Setting("hostile", "swarm", "hostile", lambda v: _choice(v, HOSTILE_MODES),
             "Test-only: corrupt every averaging message this member sends: " + ", ".join(HOSTILE_MODES) + "."),
 )}

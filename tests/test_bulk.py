@@ -343,3 +343,116 @@ def test_an_idle_stream_to_a_peer_that_restarted_is_redialled_not_written_into()
         a.close()
         if b is not None:
             b.close()
+
+
+# -- with a swarm key (p2p/net/seal.py; the pure parts are in tests/test_seal.py) -----------------
+def test_sealed_large_and_small_messages_over_real_sockets_and_other_keys_are_rejected():
+    from p2p.net.keyring import Keyring
+
+    ring = Keyring((b"\x01" * 32,))
+    a_port, b_port, c_port, d_port = free_ports(4)
+    addr = {p: f"127.0.0.1:{p}" for p in (a_port, b_port, c_port, d_port)}
+    a = Transport(TransportConfig(), addr[a_port], keyring=ring)
+    b = Transport(TransportConfig(), addr[b_port], keyring=ring)
+    other = Transport(TransportConfig(), addr[c_port], keyring=Keyring((b"\x02" * 32,)))
+    plain = Transport(TransportConfig(), addr[d_port])
+    try:
+        params = np.random.default_rng(1).standard_normal(1_000_000).astype(np.float32)  # 4 MB: 4 records
+        for i in range(2):
+            assert a.send(addr[b_port], encode(AvgRequest(i, 0, "k", params * i), addr[a_port]), time.monotonic())
+        assert a.send(addr[b_port], encode(StatusRequest(), addr[a_port]), time.monotonic())
+        got = exchange(a, b, 3)
+        assert len(got) == 3 and all(g.error is None for g in got)
+        requests = sorted((m for m in (decode(g.frames, g.limits(DEFAULT_LIMITS))[1] for g in got)
+                           if isinstance(m, AvgRequest)), key=lambda m: m.exchange)
+        assert [m.exchange for m in requests] == [0, 1]
+        assert np.array_equal(requests[1].params, params)
+        assert all(g.finite_checked for g in got if len(g.frames) > 1)  # the NaN/Inf pass still ran
+        for sender in (other, plain):  # large and small, from another key and from no key
+            me = addr[c_port] if sender is other else addr[d_port]
+            assert sender.send(addr[b_port], encode(AvgRequest(9, 0, "k", params), me), time.monotonic())
+            assert sender.send(addr[b_port], encode(StatusRequest(), me), time.monotonic())
+            got = exchange(sender, b, 2)
+            assert sorted(g.error.reason for g in got) == (["no_key"] * 2 if sender is other else ["unauthenticated"] * 2)
+        assert plain.send(addr[a_port], encode(StatusRequest(), addr[d_port]), time.monotonic())
+        got = exchange(plain, a, 1)
+        assert a.send(addr[d_port], encode(StatusRequest(), addr[a_port]), time.monotonic())  # keyed -> open node
+        (seen,) = exchange(a, plain, 1)
+        with pytest.raises(RemoteProtocolError, match="malformed"):
+            decode(seen.frames)
+    finally:
+        for t in (a, b, other, plain):
+            t.close()
+
+
+def test_a_recorded_sealed_connection_replayed_byte_for_byte_is_rejected():
+    from p2p.net.keyring import Keyring
+
+    ring = Keyring((b"\x01" * 32,))
+    (b_port,) = free_ports(1)
+    b = Transport(TransportConfig(), f"127.0.0.1:{b_port}", keyring=ring)
+    recorder = socket.socket()
+    recorder.bind(("127.0.0.1", 0))
+    recorder.listen(1)
+    rec_port = recorder.getsockname()[1] - 1  # the transport dials the port after the address
+    a_port = free_ports(1)[0]
+    a = Transport(TransportConfig(), f"127.0.0.1:{a_port}", keyring=ring)
+    try:
+        msg = encode(AvgRequest(5, 0, "k", np.ones(300_000, dtype=np.float32)), "a:1")
+        assert a.send(f"127.0.0.1:{rec_port}", msg, time.monotonic())
+        conn, _ = recorder.accept()
+        conn.settimeout(0.2)
+        captured = b""
+        deadline = time.monotonic() + 5
+        while len(captured) < 1_200_000 and time.monotonic() < deadline:
+            a.receive(0.01, time.monotonic())
+            try:
+                captured += conn.recv(1 << 20)
+            except socket.timeout:
+                pass
+        conn.close()
+        got = []
+        for attempt in range(2):  # the original once, then the replay
+            with socket.create_connection(("127.0.0.1", b_port + 1)) as s:
+                s.sendall(captured)
+                deadline = time.monotonic() + 5
+                while not got[attempt:] and time.monotonic() < deadline:
+                    got += b.receive(0.05, time.monotonic())
+        assert got[0].error is None and decode(got[0].frames)[1].exchange == 5
+        assert got[1].error is not None and got[1].error.reason == "replay"
+    finally:
+        a.close()
+        b.close()
+        recorder.close()
+
+
+def test_a_rotated_out_key_loses_its_open_bulk_connections():
+    from p2p.net.keyring import Keyring
+
+    old, new = Keyring((b"\x01" * 32,)), Keyring((b"\x02" * 32,))
+    a_port, b_port = free_ports(2)
+    a_addr, b_addr = f"127.0.0.1:{a_port}", f"127.0.0.1:{b_port}"
+    a, b = Transport(TransportConfig(), a_addr, keyring=old), Transport(TransportConfig(), b_addr, keyring=old)
+    try:
+        params = np.ones(200_000, dtype=np.float32)
+
+        def send_big(i):
+            assert a.send(b_addr, encode(AvgRequest(i, 0, "k", params), a_addr), time.monotonic())
+            return exchange(a, b, 1, timeout_s=1.0)  # one written into the closed connection is lost
+
+        assert [g.error for g in send_big(1)] == [None]
+        b.set_keyring(new)  # b drops the old key: a's open connection must not stay usable
+        got = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:  # a sees the close, re-dials with its (old) key
+            got = send_big(2)
+        assert [g.error.reason for g in got] == ["no_key"]
+        a.set_keyring(new)
+        got = []
+        deadline = time.monotonic() + 10
+        while not (got and got[-1].error is None) and time.monotonic() < deadline:
+            got = send_big(3)
+        assert got[-1].error is None and decode(got[-1].frames)[1].exchange == 3
+    finally:
+        a.close()
+        b.close()

@@ -96,3 +96,46 @@ def test_every_swarm_setting_is_a_flag_of_p2p_start():
     for name in SETTINGS:
         assert name in params, f"setting {name} has no flag"
         assert flag_of(name) in params[name].default.param_decls[0], name
+
+
+def test_swarm_key_files_others_can_read_or_that_hold_no_key_are_one_line(tmp_path):
+    import os
+
+    from p2p.net.keyring import new_key_line
+
+    loose = tmp_path / "loose.key"
+    loose.write_text(new_key_line() + "\n")
+    os.chmod(loose, 0o644)
+    empty = tmp_path / "empty.key"
+    empty.write_text("# nothing yet\n")
+    os.chmod(empty, 0o600)
+    code, _, err = run_start("--listen", "127.0.0.1:7000", "--swarm-key", str(loose))
+    assert code == 2 and f"--swarm-key: swarm key file {loose} is accessible to other users" in one_error_line(err)
+    assert f"chmod 600 {loose}" in err[0]
+    env = dict(os.environ, P2P_SWARM_KEY=str(empty))  # the environment maps to the same setting
+    proc = subprocess.run([sys.executable, "-m", "p2p", "start", "--listen", "127.0.0.1:7000"], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 2 and "holds no key" in one_error_line(proc.stderr.strip().splitlines())
+    assert "P2P_SWARM_KEY" in proc.stderr
+
+
+def test_keygen_prints_a_key_or_writes_a_new_file_only_its_owner_can_read(tmp_path):
+    import os
+
+    from p2p.net.keyring import load_key_file
+
+    out = subprocess.run([sys.executable, "-m", "p2p", "keygen"], capture_output=True, text=True, timeout=60)
+    path = tmp_path / "printed.key"
+    path.write_text(out.stdout)
+    os.chmod(path, 0o600)
+    assert out.returncode == 0 and len(load_key_file(str(path)).keys) == 1
+    target = tmp_path / "swarm.key"
+    for attempt in range(2):
+        made = subprocess.run([sys.executable, "-m", "p2p", "keygen", "--out", str(target)], capture_output=True,
+                              text=True, timeout=60)
+        if attempt == 0:
+            assert made.returncode == 0 and os.stat(target).st_mode & 0o777 == 0o600
+            first = load_key_file(str(target))
+        else:  # never overwritten
+            assert made.returncode == 2 and "exists" in one_error_line(made.stderr.strip().splitlines())
+            assert load_key_file(str(target)) == first

@@ -56,4 +56,5 @@ def test_status_of_a_silent_address_is_one_line_and_non_zero():
     out = subprocess.run([sys.executable, "-m", "p2p", "status", "--peer", f"127.0.0.1:{port}", "--timeout", "0.5"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
-    assert out.stderr.strip().splitlines() == [f"p2p: error: no answer from 127.0.0.1:{port} within 0.5s (is a node running there?)"]
+    assert out.stderr.strip().splitlines() == [f"p2p: error: no answer from 127.0.0.1:{port} within 0.5s (is a node running there? "
+                                                 f"a node with a swarm key answers only requests sealed with it: give --swarm-key FILE)"]

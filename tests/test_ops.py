@@ -74,8 +74,10 @@ def test_metrics_status_page_and_health_of_live_nodes(tmp_path):
         assert value(later, "p2p_exchanges", outcome="completed") > value(first, "p2p_exchanges", outcome="completed")
         assert value(later, "p2p_members", state="alive") == 2
         assert 0 < value(later, "p2p_accuracy") <= 1
+        assert value(later, "p2p_swarm_encrypted") == 0 and value(later, "p2p_swarm_keys") == 0  # no --swarm-key
         code, page = get(f"http://{addr}/")
         assert code == 200 and "<h1>p2p node" in page and other in page and "alive" in page
+        assert "security: open" in page
         assert get(f"http://{addr}/nothing")[0] == 404
         if shutil.which("chromium"):  # the page as a browser draws it (a screenshot in the test's output)
             shot = tmp_path / "status-page.png"

@@ -17,6 +17,7 @@ from typer.exceptions import TyperException
 from p2p.cli.demo import demo
 from p2p.cli.errors import CliError
 from p2p.cli.export import export
+from p2p.cli.keygen import keygen
 from p2p.cli.lab import lab_app
 from p2p.cli.plot import plot
 from p2p.cli.simulate import simulate
@@ -34,6 +35,7 @@ app.command()(start)
 app.command()(status)
 app.command()(demo)
 app.command()(export)
+app.command()(keygen)
 app.command()(plot)
 app.command("simulate", help="Run membership (or, with --algorithm, averaging) in the deterministic simulator.")(simulate)
 app.add_typer(lab_app, name="lab", help="A shaped-network lab: one network namespace per peer (needs root).")

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from p2p.cli.errors import CliError, positive
+from p2p.cli.errors import CliError, positive, read_key_file
 from p2p.config import SETTINGS, SettingError, swarm_config
 
 
@@ -24,6 +24,8 @@ def demo(
     as_json: bool = typer.Option(False, "--json", help="Print only the summary, as one JSON object, on stdout."),
     base_port: int = typer.Option(0, help="First port to use; peers take every other port, each also using the next one for large messages (0: pick free ports)."),
     live: bool = typer.Option(True, help="Show the live view on stderr."),
+    swarm_key: Optional[str] = typer.Option(None, "--swarm-key", envvar="P2P_SWARM_KEY",
+                                            help="Key file (p2p keygen): every peer seals its messages with it."),
     keep_logs: Optional[str] = typer.Option(None, help="Directory to keep the peers' logs and the run's metrics.jsonl in (p2p plot DIR draws them)."),
 ) -> None:
     """Run a swarm of peers on this machine and report how close they get to one process."""
@@ -42,7 +44,9 @@ def demo(
         raise CliError(f"--base-port must leave room for {2 * peers} ports (each peer also uses the next port)")
     config = DemoConfig(peers=peers, steps=steps, duration_s=duration, task=task, seed=seed,
                         algorithm=algorithm, topology=checked.topology_name, compression=compression,
-                        base_port=base_port, live=live, log_dir=keep_logs, cache_dir=cache_dir())
+                        base_port=base_port, live=live, log_dir=keep_logs, cache_dir=cache_dir(),
+                        swarm_key=swarm_key)
+    read_key_file(swarm_key)  # a bad key file is one line here, not one per peer
     try:
         summary = run_demo(config)
     except DemoError as exc:

@@ -35,3 +35,15 @@ def positive(flag: str, value: Optional[float], *, allow_zero: bool = False) -> 
         raise CliError(f"{flag} must be a finite number, got {value:g}")
     if value is not None and (value < 0 or (value == 0 and not allow_zero)):
         raise CliError(f"{flag} must be {'>= 0' if allow_zero else '> 0'}, got {value:g}")
+
+
+def read_key_file(path: Optional[str]):
+    """The keyring in ``--swarm-key FILE`` (None without one); a bad file is one line."""
+    if path is None:
+        return None
+    from p2p.net.keyring import KeyFileError, load_key_file
+
+    try:
+        return load_key_file(path)
+    except KeyFileError as exc:
+        raise CliError(f"--swarm-key: {exc}") from None

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from p2p.cli.errors import CliError, check_address, positive
+from p2p.cli.errors import CliError, check_address, positive, read_key_file
 
 FORMATS = ("torch", "safetensors")
 
@@ -18,6 +18,8 @@ def export(
     out: str = typer.Option(..., help="File to write the model's state_dict to."),
     fmt: str = typer.Option("torch", "--format", help="torch (torch.save of the state_dict) or safetensors."),
     timeout: float = typer.Option(60.0, help="With --peer: seconds to wait for the model."),
+    swarm_key: Optional[str] = typer.Option(None, "--swarm-key", envvar="P2P_SWARM_KEY",
+                                            help="With --peer: the swarm's key file, if it has one."),
 ) -> None:
     """Write a model's state_dict: load it with ``model.load_state_dict(torch.load(OUT))``
     (or ``safetensors.torch.load_file(OUT)``)."""
@@ -35,7 +37,7 @@ def export(
 
         check_address("--peer", peer, allow_wildcard=False)
         try:
-            reply = model(peer, timeout)
+            reply = model(peer, timeout, read_key_file(swarm_key))
             state = from_bytes_unchecked(bytes(reply.data))
         except (QueryError, StateError) as exc:
             raise CliError(f"--peer {peer}: {exc}", code=1) from None

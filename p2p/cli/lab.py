@@ -22,6 +22,7 @@ from typing import List, Optional
 
 import typer
 
+from p2p.cli.errors import CliError, read_key_file
 from p2p.harness.lab import DEFAULT_PREFIX, DEFAULT_SUBNET, Lab, LabError, LabSwarm, parse_rate
 
 lab_app = typer.Typer(
@@ -154,6 +155,8 @@ def run(
     log_dir: Optional[Path] = typer.Option(None, help="Directory for peerI.log (default: a new one under /tmp)."),
     status_every: float = typer.Option(5.0, help="Seconds between status summaries (0: none)."),
     keep_lab: bool = typer.Option(False, help="Leave a lab this command built up when it ends."),
+    swarm_key: Optional[str] = typer.Option(None, "--swarm-key", envvar="P2P_SWARM_KEY",
+                                            help="Key file (p2p keygen) every peer seals its messages with."),
     prefix: str = PREFIX,
     subnet: str = typer.Option(DEFAULT_SUBNET, help="Subnet, when this command builds the lab."),
     extra: Optional[List[str]] = typer.Argument(None, help="Extra `p2p start` arguments, after --."),
@@ -165,6 +168,10 @@ def run(
         _fail(f"--port must be in 1..65535, got {port}", 2)
     if join not in ("previous", "first"):
         _fail(f"--join must be 'previous' or 'first', got {join!r}", 2)
+    try:
+        read_key_file(swarm_key)
+    except CliError as exc:
+        _fail(str(exc), 2)
     try:
         rate_bps = parse_rate(rate) if rate is not None else None
     except LabError as exc:
@@ -191,7 +198,7 @@ def run(
         node_args += ["--steps", str(steps)]
     node_args += list(extra or [])
     per_peer = [["--shard", f"{i}/{lab.peers}"] if shard else [] for i in range(lab.peers)]
-    swarm = LabSwarm(lab, log_path, node_args, port=port, per_peer_args=per_peer, join=join)
+    swarm = LabSwarm(lab, log_path, node_args, port=port, per_peer_args=per_peer, join=join, swarm_key=swarm_key)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     codes: list = []
     try:

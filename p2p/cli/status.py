@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import json
+from typing import Optional
 
 import typer
 
-from p2p.cli.errors import CliError, check_address, positive
+from p2p.cli.errors import CliError, check_address, positive, read_key_file
 
 
 def status(
@@ -17,6 +18,8 @@ def status(
     every: float = typer.Option(2.0, help="With --watch: seconds between redraws."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (with --swarm: a list)."),
     timeout: float = typer.Option(3.0, help="Seconds to wait for each answer."),
+    swarm_key: Optional[str] = typer.Option(None, "--swarm-key", envvar="P2P_SWARM_KEY",
+                                            help="The swarm's key file: a node with a key answers only requests sealed with it."),
 ) -> None:
     """Show a running node's member table and training progress (or the whole swarm's)."""
     from p2p.cli.status_view import render_status
@@ -28,16 +31,17 @@ def status(
     positive("--every", every)
     if watch and (not swarm or as_json):
         raise CliError("--watch goes with --swarm, and not with --json")
+    keyring = read_key_file(swarm_key)
     try:
         if swarm:
             from p2p.cli import swarm_view
 
             if watch:
                 try:
-                    swarm_view.watch(peer, timeout, every)
+                    swarm_view.watch(peer, timeout, every, keyring=keyring)
                 except KeyboardInterrupt:
                     return
-            rows = swarm_view.swarm_rows(peer, timeout)
+            rows = swarm_view.swarm_rows(peer, timeout, keyring)
             if as_json:
                 print(json.dumps(swarm_view.json_rows(rows), sort_keys=True, default=str))
             else:
@@ -45,7 +49,7 @@ def status(
 
                 Console().print(swarm_view.table(rows, peer))
             return
-        info = query_status(peer, timeout)
+        info = query_status(peer, timeout, keyring)
     except QueryError as exc:
         raise CliError(str(exc), code=1) from None
     if as_json:

@@ -14,6 +14,8 @@ def render_status(info: dict, console: Console | None = None) -> None:
         f"{info['algorithm']}/{info['topology']}  sent {info['bytes_sent'] / 1e6:.1f} MB  "
         f"recv {info['bytes_received'] / 1e6:.1f} MB  rejected {sum(info['rejected'].values())}"
     )
+    if security := security_line(info):
+        console.print(security)
     consensus = info.get("consensus")
     if consensus is not None:
         console.print(f"consensus estimate {consensus:.3g} (relative distance to partners' models)")
@@ -83,3 +85,19 @@ def _sync_line(sync: dict) -> str:
         return (f"state sync: took step {sync['step']} from {sync['donor']} ({sync['bytes'] / 1e6:.1f} MB in "
                 f"{sync['seconds']:.1f} s)")
     return ""
+
+
+SEAL_REASONS = ("unauthenticated", "no_key", "bad_key", "replay")  # p2p/net/seal.py
+
+
+def security_line(info: dict) -> str:
+    """Open, or encrypted with which key, and what the seal turned away."""
+    security = info.get("security")
+    if not security:
+        return ""
+    if security["mode"] == "open":
+        return "security: open (no --swarm-key: anyone who reaches this node can join and read the models)"
+    rejected = info.get("rejected") or {}
+    counts = ", ".join(f"{r} {rejected.get(r, 0)}" for r in SEAL_REASONS)
+    return (f"security: {security['summary']}; rejected {counts}"
+            + (f"; key file: {security['key_file_error']}" if security.get("key_file_error") else ""))

@@ -50,6 +50,7 @@ class DemoConfig:
     cache_dir: Optional[str] = None  # reference-accuracy cache (None: no cache)
     start_timeout_s: float = 60.0  # every peer must answer status by then
     settle_s: float = 5.0  # at most this long mixing after training, before the final read
+    swarm_key: Optional[str] = None  # key file every peer seals its messages with (None: an open swarm)
 
 
 def _evaluate(task: Any, params: np.ndarray, seed: int) -> dict[str, float]:
@@ -82,7 +83,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
                  "--log-every", "0", "--eval-every", "1", "--join-timeout", str(config.start_timeout_s)]
     node_args += ["--steps", str(steps)] if steps is not None else ["--duration", str(config.duration_s)]
     per_peer = [["--shard", f"{i}/{config.peers}"] for i in range(config.peers)]
-    swarm = LocalSwarm(config.peers, log_dir, node_args, ports=ports, per_peer_args=per_peer)
+    swarm = LocalSwarm(config.peers, log_dir, node_args, ports=ports, per_peer_args=per_peer,
+                       swarm_key=config.swarm_key)
     view = LiveView(config.live, config.peers)
     metrics = MetricsLog(log_dir / "metrics.jsonl")
     try:

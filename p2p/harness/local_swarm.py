@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from p2p.net.client import QueryError, state, status
+from p2p.net.keyring import load_key_file
 from p2p.net.ports import free_ports
 
 
@@ -29,12 +30,13 @@ def consensus_distance(vectors: Sequence[np.ndarray]) -> float:
 class LocalSwarm:
     def __init__(self, peers: int, log_dir: Path, node_args: Sequence[str] = (),
                  ports: Optional[Sequence[int]] = None, host: str = "127.0.0.1",
-                 per_peer_args: Optional[Sequence[Sequence[str]]] = None) -> None:
+                 per_peer_args: Optional[Sequence[Sequence[str]]] = None, swarm_key: Optional[str] = None) -> None:
         self.ports = list(ports) if ports is not None else free_ports(peers, host)
         self.addrs = [f"{host}:{p}" for p in self.ports]
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.node_args = list(node_args)
+        self.node_args = list(node_args) + (["--swarm-key", swarm_key] if swarm_key else [])
+        self.keyring = load_key_file(swarm_key) if swarm_key else None  # to query the peers
         self.per_peer_args = [list(a) for a in per_peer_args] if per_peer_args else [[] for _ in self.addrs]
         self.procs: list[Optional[subprocess.Popen]] = [None] * peers
 
@@ -71,7 +73,7 @@ class LocalSwarm:
         if not self.alive(i):
             return None
         try:
-            return status(self.addrs[i], timeout_s)
+            return status(self.addrs[i], timeout_s, self.keyring)
         except QueryError:
             return None
 
@@ -79,7 +81,7 @@ class LocalSwarm:
         if not self.alive(i):
             return None
         try:
-            return np.array(state(self.addrs[i], timeout_s).params)  # copy out of the frame
+            return np.array(state(self.addrs[i], timeout_s, self.keyring).params)  # copy out of the frame
         except QueryError:
             return None
 

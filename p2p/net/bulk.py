@@ -23,6 +23,11 @@ a message it delivers is marked ``finite_checked`` and a message carrying NaN/In
 as ``non_finite`` instead of delivered. A stream
 cannot resynchronise after garbage, so any framing error raises ``RemoteProtocolError`` and the
 transport closes that connection.
+
+With a swarm key the same byte stream travels inside AES-GCM records (p2p/net/seal.py):
+``SealedReader`` wraps a ``StreamReader``, reads the hello and each record, and decrypts a
+record straight into the inner reader's target when it fits there (the payload's pooled
+buffer: no extra copy); ``sealed_chunks`` is the sender's side.
 """
 
 from __future__ import annotations
@@ -30,11 +35,13 @@ from __future__ import annotations
 import struct
 import sys
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import msgpack
 import numpy as np
 
+from p2p.net.seal import HELLO_BYTES, LENGTH, RECORD_BYTES, TAG_BYTES, BulkOpener, ReplayGuard
+from p2p.net.keyring import Keyring
 from p2p.protocol import RemoteProtocolError
 from p2p.wire import all_finite
 
@@ -221,3 +228,89 @@ class StreamReader:
         self._reset()
         self.non_finite, self.finite_checked = bad, checked and not bad
         return frames
+
+
+class SealedReader:
+    """A ``StreamReader`` behind the swarm key's records (module docstring); the same interface."""
+
+    def __init__(self, inner: StreamReader, keyring: Callable[[], Keyring], guard: ReplayGuard,
+                 wall_clock: Callable[[], float], now: float) -> None:
+        self.inner = inner
+        self.keyring = keyring  # () -> the keyring now (it may be rotated before the hello arrives)
+        self.guard = guard
+        self.wall_clock = wall_clock  # () -> seconds since the epoch (the hello's replay window)
+        self.last_progress = now
+        self._opener: Optional[BulkOpener] = None
+        self._phase = "hello"
+        self._buf = bytearray(HELLO_BYTES)
+        self._have = 0
+        self._record = bytearray(0)  # grown on demand, up to one record, once the hello checked out
+
+    @property
+    def non_finite(self) -> bool:
+        return self.inner.non_finite
+
+    @property
+    def finite_checked(self) -> bool:
+        return self.inner.finite_checked
+
+    @property
+    def key_id(self) -> Optional[bytes]:
+        """The id of the key the sender sealed with (None until its hello arrived)."""
+        return self._opener.key_id if self._opener is not None else None
+
+    def mid_message(self) -> bool:
+        return self._have > 0 or self._phase == "record" or self.inner.mid_message()
+
+    def target(self) -> memoryview:
+        return memoryview(self._buf)[self._have:]
+
+    def advance(self, nbytes: int, now: float) -> Optional[list]:
+        self._have += nbytes
+        self.last_progress = now
+        if self._have < len(self._buf):
+            return None
+        if self._phase == "hello":
+            self._opener = BulkOpener(self.keyring(), self.guard, bytes(self._buf), self.wall_clock())
+            self._expect("length", LENGTH.size)
+            return None
+        if self._phase == "length":
+            n = BulkOpener.record_length(bytes(self._buf))
+            if len(self._record) < n:
+                self._record = bytearray(min(max(n, 2 * len(self._record)), RECORD_BYTES + TAG_BYTES))
+            self._phase, self._buf, self._have = "record", memoryview(self._record)[:n], 0
+            return None
+        record = memoryview(self._buf)
+        self._expect("length", LENGTH.size)
+        return self._deliver(record, now)
+
+    def _expect(self, phase: str, nbytes: int) -> None:
+        self._phase, self._buf, self._have = phase, bytearray(nbytes), 0
+
+    def _deliver(self, record: memoryview, now: float) -> Optional[list]:
+        """Decrypt one record and hand its plaintext to the inner reader."""
+        size = record.nbytes - TAG_BYTES
+        target = self.inner.target()
+        if target.nbytes >= size:  # straight into place (the payload's pooled buffer)
+            self._opener.open_into(record, target[:size])
+            return self.inner.advance(size, now)
+        plain = memoryview(bytearray(size))
+        self._opener.open_into(record, plain)
+        done = 0
+        while done < size:
+            target = self.inner.target()
+            n = min(target.nbytes, size - done)
+            target[:n] = plain[done:done + n]
+            done += n
+            frames = self.inner.advance(n, now)
+            if frames is not None:
+                if done != size:  # our senders end a record with each message
+                    raise RemoteProtocolError("malformed", "bulk record spans two messages")
+                return frames
+        return None
+
+
+def sealed_chunks(parts: list[memoryview]) -> list[memoryview]:
+    """The plaintext pieces the sender seals one record each: each part cut at RECORD_BYTES
+    (a record never spans two messages: ``SealedReader`` relies on it)."""
+    return [part[i:i + RECORD_BYTES] for part in parts for i in range(0, part.nbytes, RECORD_BYTES)]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import zmq
 
+from p2p.net.keyring import KeyFile
 from p2p.net.control import ModelReply, ModelRequest, StateReply, StateRequest, StatusReply, StatusRequest
 from p2p.events import event
 from p2p.peer import Peer
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # the trainer's side of the averager's hooks (p2p/training/st
     from p2p.training.step_hooks import StepHooks
 
 log = logging.getLogger("p2p.net.driver")
+REJECT_LOG_EVERY_S = 10.0  # rejected messages: one log line per this long (and the first of each reason)
 T = TypeVar("T")
 
 
@@ -50,8 +52,9 @@ class NetworkDriver:
                  status_info: Callable[[], dict], state_reply: Callable[[], StateReply],
                  shutdown_grace_s: float, hooks: StepHooks | None = None,
                  limits: Limits = DEFAULT_LIMITS, model_reply: Callable[[], ModelReply] | None = None,
-                 tamper: Callable[[object], object] | None = None) -> None:
+                 tamper: Callable[[object], object] | None = None, key_file: KeyFile | None = None) -> None:
         self.transport = transport
+        self.key_file = key_file  # re-read when it changes (key rotation); transport.keyring follows
         self.tamper = tamper  # test-only: a hostile peer rewrites what it sends (p2p/averaging/hostile.py)
         self.peer = peer
         self.advertise = advertise
@@ -70,6 +73,7 @@ class NetworkDriver:
         os.set_blocking(self._wake_write, False)
         transport.poller.register(self._wake_read, zmq.POLLIN)
         self.rejected: Counter[str] = Counter()
+        self._next_reject_log = 0.0
         self.stop_requested = threading.Event()
         self.finished = threading.Event()
         self.error: BaseException | None = None
@@ -172,6 +176,7 @@ class NetworkDriver:
             now = time.monotonic()
             if now >= self._next_housekeeping:
                 self.transport.housekeeping(now, self.peer.neighbours())
+                self._reload_keys()
                 self._next_housekeeping = now + 1.0
             if self.hooks is not None:
                 self._send_all(self.hooks.service(now, self.peer.neighbours))
@@ -182,6 +187,19 @@ class NetworkDriver:
             self.transport.poller.unregister(self.hooks.wake_socket)
         self._send_all(self.peer.leave(time.monotonic()))
         self.transport.close(linger_s=0.5)  # give the leave announcements a moment to go out
+
+    def _reload_keys(self) -> None:
+        """Key rotation without a restart: take the key file's new keys (a stat per second)."""
+        keys = self.key_file
+        if keys is None:
+            return
+        error = keys.last_error
+        if keys.reload_if_changed():
+            self.transport.set_keyring(keys.keyring)
+            event("keys_reloaded", f"swarm key file reloaded: {keys.keyring.describe()}", logging.WARNING,
+                  key_id=keys.keyring.primary_id.hex(), keys=len(keys.keyring.keys))
+        elif keys.last_error and keys.last_error != error:
+            event("keys_unusable", f"{keys.last_error}; keeping the keys loaded before", logging.ERROR)
 
     def _handle(self, incoming: Incoming) -> None:
         now = time.monotonic()
@@ -203,9 +221,12 @@ class NetworkDriver:
         except RemoteProtocolError as exc:
             self.rejected[exc.reason] += 1
             total = sum(self.rejected.values())
-            if total <= 20 or total % 100 == 0:  # keep logs readable under a flood
-                event("rejected", f"rejected message ({exc}), {total} rejected so far", logging.WARNING,
-                      reason=exc.reason, detail=exc.detail, total=total)
+            # The first of each reason, then at most one line per REJECT_LOG_EVERY_S: a flood (an
+            # outsider hammering a sealed swarm) stays a few lines, and the counters say the rest.
+            if self.rejected[exc.reason] == 1 or now >= self._next_reject_log:
+                self._next_reject_log = now + REJECT_LOG_EVERY_S
+                event("rejected", f"rejected message ({exc}), {total} rejected so far ({dict(self.rejected)})",
+                      logging.WARNING, reason=exc.reason, detail=exc.detail, total=total)
             return
         self._send_all(sends)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 
 from p2p.net.addresses import parse_address
+from p2p.net.keyring import Keyring
 from p2p.net.transport import Transport, TransportConfig, TransportError
 
 
@@ -40,18 +41,18 @@ DEFAULT_ROUTE_PROBE = "192.0.2.1:9"  # TEST-NET-1 (RFC 5737): only asks which ro
 ATTEMPTS = 20  # a free pair can be taken by another process before we bind it: try again
 
 
-def bind_transport(config: TransportConfig, listen: str) -> tuple[Transport, str]:
+def bind_transport(config: TransportConfig, listen: str, keyring: Keyring | None = None) -> tuple[Transport, str]:
     """A Transport listening on ``listen``; port 0 takes a free pair of adjacent ports.
     Returns it with the address it bound. Raises TransportError."""
     host, _, port = listen.rpartition(":")
     if port != "0":
-        return Transport(config, listen), listen
+        return Transport(config, listen, keyring), listen
     probe_host = "0.0.0.0" if host in WILDCARDS else parse_address(f"{host}:1")[0]
     for attempt in range(ATTEMPTS):
         (free,) = free_ports(1, probe_host)
         address = f"{host}:{free}"
         try:
-            return Transport(config, address), address
+            return Transport(config, address, keyring), address
         except TransportError:
             if attempt == ATTEMPTS - 1:
                 raise

@@ -23,6 +23,12 @@ drop and count rather than wait, an inbound size limit (ZMQ_MAXMSGSIZE, and the 
 limits checked before any payload arrives), and a cap on inbound bulk connections. ZeroMQ
 reconnects by itself; a bulk connection that fails is re-dialled on the next large send
 (after ``reconnect_ivl_ms``). Sockets to peers unused for ``idle_close_s`` are closed.
+
+With a swarm key (``keyring``), every message on both channels is sealed and opened here
+(p2p/net/seal.py): control messages one by one, the bulk stream as records sealed just before
+they are written (so a message dropped from the queue unsent never consumes a record number).
+A message that fails to open comes back as a rejection like any other bad input. The keyring
+may be replaced at any time (key rotation); open bulk connections keep the key they began with.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import errno
 import itertools
 import socket
+import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional, Union
@@ -37,7 +44,9 @@ from typing import Iterable, Optional, Union
 import zmq
 
 from p2p.net.addresses import AddressError, bulk_address, parse_address, to_endpoint
-from p2p.net.bulk import BufferPool, BulkConfig, StreamReader, stream_parts
+from p2p.net.bulk import BufferPool, BulkConfig, SealedReader, StreamReader, sealed_chunks, stream_parts
+from p2p.net.keyring import Keyring
+from p2p.net.seal import BulkSealer, ReplayGuard, open_message, seal_message
 from p2p.protocol import RemoteProtocolError
 from p2p.wire import Limits
 
@@ -77,14 +86,16 @@ def _nbytes(frame: Union[bytes, memoryview, zmq.Frame]) -> int:
 
 @dataclass
 class _Outgoing:
-    parts: list[memoryview]  # p2p.net.bulk.stream_parts
+    parts: list[memoryview]  # p2p.net.bulk.stream_parts (with a key: sealed_chunks of them)
     deadline: float
     index: int = 0  # the part being written
     offset: int = 0  # bytes of it written
+    pending: Optional[memoryview] = None  # what is being written: the part, or its sealed record
+    sealed: bool = False  # a record of it was sealed (it holds a record number: it must go out)
 
     @property
     def started(self) -> bool:
-        return self.index > 0 or self.offset > 0
+        return self.index > 0 or self.offset > 0 or self.sealed
 
 
 @dataclass
@@ -96,12 +107,14 @@ class _OutStream:
     connected: bool = False
     retry_at: float = 0.0  # no re-dial before this
     backoff_s: float = 0.0
+    sealer: Optional[BulkSealer] = None  # this connection's records (with a swarm key)
+    hello: Optional[memoryview] = None  # what is left to write of its hello
 
 
 @dataclass
 class _InStream:
     sock: socket.socket
-    reader: StreamReader
+    reader: Union[StreamReader, SealedReader]
     identity: bytes
 
 
@@ -122,8 +135,10 @@ def _listen_socket(listen: str) -> socket.socket:
 
 
 class Transport:
-    def __init__(self, config: TransportConfig, listen: str) -> None:
+    def __init__(self, config: TransportConfig, listen: str, keyring: Optional[Keyring] = None) -> None:
         self.config = config
+        self.keyring = keyring  # None: an open swarm (nothing sealed, nothing required)
+        self.guard = ReplayGuard()  # sealed control nonces and bulk salts seen lately
         self.context = zmq.Context.instance()
         self.router = self.context.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
@@ -189,6 +204,8 @@ class Transport:
                 if queued:
                     self.sent_to[addr] += size
                 return queued
+            if self.keyring is not None:
+                frames = seal_message(self.keyring, frames, time.time())
             sock = self._socket(addr)
             sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -207,8 +224,10 @@ class Transport:
         if len(stream.queue) >= self.config.bulk.max_pending_per_peer:
             self.send_drops += 1
             return False
-        stream.queue.append(_Outgoing(stream_parts(next(self._transfer_ids), frames),
-                                      now + self.config.bulk.stall_timeout_s))
+        parts = stream_parts(next(self._transfer_ids), frames)
+        if self.keyring is not None:
+            parts = sealed_chunks(parts)
+        stream.queue.append(_Outgoing(parts, now + self.config.bulk.stall_timeout_s))
         self.messages_sent += 1
         self._pump(addr, stream, now)
         return True
@@ -230,6 +249,9 @@ class Transport:
             self._fail(stream, now)
             return
         stream.sock, stream.connected = sock, err == 0
+        if self.keyring is not None:
+            stream.sealer = BulkSealer(self.keyring, time.time())
+            stream.hello = memoryview(stream.sealer.hello)
         if stream.connected:
             stream.backoff_s = 0.0
 
@@ -280,19 +302,29 @@ class Transport:
             return
         while queue:
             head = queue[0]
-            part = head.parts[head.index]
+            if stream.hello is not None:
+                chunk = stream.hello
+            else:
+                if head.pending is None:
+                    part = head.parts[head.index]
+                    head.pending = part if stream.sealer is None else stream.sealer.seal(part)
+                    head.sealed = head.sealed or stream.sealer is not None
+                chunk = head.pending[head.offset:]
             try:
-                sent = stream.sock.send(part[head.offset:])
+                sent = stream.sock.send(chunk)
             except BlockingIOError:
                 return
             except OSError:
                 self._fail(stream, now)
                 return
             self.bytes_sent += sent
-            head.offset += sent
             head.deadline = now + self.config.bulk.stall_timeout_s  # progress
-            if head.offset == part.nbytes:
-                head.index, head.offset = head.index + 1, 0
+            if stream.hello is not None:
+                stream.hello = stream.hello[sent:] if sent < stream.hello.nbytes else None
+                continue
+            head.offset += sent
+            if head.offset == head.pending.nbytes:
+                head.index, head.offset, head.pending = head.index + 1, 0, None
                 if head.index == len(head.parts):
                     queue.popleft()
 
@@ -302,8 +334,26 @@ class Transport:
             if stream.queue:
                 self._pump(addr, stream, now)
 
+    def set_keyring(self, keyring: Keyring) -> None:
+        """Key rotation: from now on send with ``keyring.primary`` and accept only its keys. Bulk
+        connections made with a key no longer listed are closed (a removed key must not keep a
+        connection); idle outgoing ones made with the old primary too, so they re-dial with the new."""
+        self.keyring = keyring
+        for stream in list(self._in.values()):
+            kid = getattr(stream.reader, "key_id", None)
+            if kid is not None and keyring.lookup(kid) is None:
+                self.transfers_abandoned += stream.reader.mid_message()
+                self._close_in(stream)
+        for stream in self._out.values():
+            if stream.sealer is not None and stream.sealer.key_id != keyring.primary_id and not stream.queue:
+                if stream.sock is not None:
+                    stream.sock.close()
+                stream.sock, stream.connected, stream.sealer, stream.hello = None, False, None, None
+
     def reply(self, identity: bytes, frames: list) -> bool:
         """Answer a client on the ROUTER connection its request came in on."""
+        if self.keyring is not None:
+            frames = seal_message(self.keyring, frames, time.time())
         try:
             self.router.send_multipart([identity, *frames], flags=zmq.NOBLOCK, copy=False)
         except (zmq.Again, zmq.ZMQError):
@@ -368,6 +418,8 @@ class Transport:
                 continue
             sock.setblocking(False)
             reader = StreamReader(self.pool, self.config.max_message_bytes, self.config.bulk.max_header_bytes, now)
+            if self.keyring is not None:
+                reader = SealedReader(reader, lambda: self.keyring, self.guard, time.time, now)
             self._in[sock] = _InStream(sock, reader, f"tcp:{peer[0]}:{peer[1]}".encode())
             self.poller.register(sock, zmq.POLLIN)
 
@@ -428,6 +480,11 @@ class Transport:
         if not frames:
             return Incoming(identity, None, RemoteProtocolError("malformed", "empty message"))
         self.messages_received += 1
+        if self.keyring is not None:
+            try:
+                frames = open_message(self.keyring, self.guard, frames, time.time())
+            except RemoteProtocolError as exc:
+                return Incoming(identity, None, exc)
         return Incoming(identity, frames)
 
     def done(self, incoming: Incoming) -> None:

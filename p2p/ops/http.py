@@ -116,6 +116,7 @@ td,th{{border:1px solid #ccc;padding:.25em .6em;text-align:left}} th{{background
 <td>{_fmt((s.get('bandwidth') or {}).get('codec'))}</td><td>{len(s.get('neighbours') or [])}</td>
 <td>{_fmt(s.get('consensus'), '.3g')}</td><td>{s.get('bytes_sent', 0) / 1e6:.1f}</td>
 <td>{s.get('bytes_received', 0) / 1e6:.1f}</td><td>{sum((s.get('rejected') or {}).values())}</td></tr></table>
+<p>security: {e(str((s.get('security') or {}).get('summary', '-')))}</p>
 <h2>Members</h2>
 <table><tr><th>id</th><th>address</th><th>state</th><th>incarnation</th><th>last heard (s ago)</th></tr>{rows}</table>
 <h2>Links</h2>

@@ -55,6 +55,12 @@ class SwarmCollector(Collector):
         for reason, count in sorted((s.get("rejected") or {}).items()):
             rejected.add_metric([reason], count)
         yield rejected
+        security = s.get("security") or {}
+        yield _gauge("p2p_swarm_encrypted", "1 if every message is sealed with a swarm key, 0 if the swarm is open",
+                     security.get("mode") == "encrypted" if security else None)
+        yield _gauge("p2p_swarm_keys", "Swarm keys accepted (the first one sends)", security.get("keys", 0))
+        yield CounterMetricFamily("p2p_swarm_key_reloads", "Times the swarm key file was re-read after a change",
+                                  value=security.get("reloads", 0))
         yield CounterMetricFamily("p2p_send_drops", "Messages not sent (queue full, no route)", value=s.get("send_drops", 0))
         yield CounterMetricFamily("p2p_transfers_abandoned", "Large messages abandoned mid-way",
                                   value=s.get("transfers_abandoned", 0))

@@ -57,6 +57,7 @@ from p2p.gossip import Membership
 from p2p.gossip.messages import ALIVE, DEAD, LEFT, STATE_NAMES, SUSPECT
 from p2p.net.control import ModelReply, StateReply
 from p2p.net.driver import DriverBusy, DriverStopped, NetworkDriver
+from p2p.net.keyring import KeyFile, KeyFileError
 from p2p.net.ports import advertised_address, bind_transport
 from p2p.net.transport import TransportError
 from p2p.peer import Peer
@@ -126,6 +127,7 @@ class Swarm:
         self.address: Optional[str] = None  # the address peers dial, once started
         self.id: Optional[str] = None
         self._driver: Optional[NetworkDriver] = None
+        self._key_file: Optional[KeyFile] = None
         cfg = self.config
         store = CheckpointStore(cfg.checkpoint_dir, cfg.keep_checkpoints) if cfg.checkpoint_dir else None
         self._keeper = StateKeeper(model, self.flat, self.model_key, store, cfg.checkpoint_every_s)
@@ -157,9 +159,17 @@ class Swarm:
         if restored is not None:
             self._step = restored.step
         try:
-            transport, bound = bind_transport(cfg.transport, cfg.listen)
+            key_file = KeyFile(cfg.swarm_key) if cfg.swarm_key else None
+        except KeyFileError as exc:  # changed since the config was checked
+            raise SwarmError(str(exc)) from None
+        try:
+            transport, bound = bind_transport(cfg.transport, cfg.listen, key_file and key_file.keyring)
         except TransportError as exc:
             raise SwarmError(str(exc)) from None
+        self._key_file = key_file
+        if key_file is None:
+            event("open_swarm", f"swarm is OPEN: anyone who can reach {bound} can join, read the models and send "
+                                f"its own; use --swarm-key (p2p keygen)", logging.WARNING, addr=bound)
         try:
             self.address = advertised_address(bound, cfg.advertise, cfg.join)
         except ValueError as exc:
@@ -167,7 +177,7 @@ class Swarm:
             raise SwarmError(str(exc)) from None
         self.id = cfg.node_id or self.address
         try:
-            self._build_peer(transport, restored)
+            self._build_peer(transport, restored, key_file)
         except BaseException:
             transport.close()
             raise
@@ -196,7 +206,7 @@ class Swarm:
         self._keeper.next_checkpoint = time.monotonic() + cfg.checkpoint_every_s
         return self
 
-    def _build_peer(self, transport: Any, restored: Optional[TrainingState]) -> None:
+    def _build_peer(self, transport: Any, restored: Optional[TrainingState], key_file: Optional[KeyFile]) -> None:
         """Membership (a restart rejoins with a higher incarnation), the averager with its
         restored state, the state donor, the step hooks and the network driver."""
         cfg, now = self.config, time.monotonic()
@@ -220,7 +230,8 @@ class Swarm:
         # Test-only (``hostile``): corrupt what this member sends to its neighbours.
         tamper = Hostile(cfg.hostile, averager.MESSAGES, rng.getrandbits(32)).tamper if cfg.hostile else None
         self._driver = NetworkDriver(transport, self.peer, self.address, self._status_now, self._state_reply,
-                                     avg.exchange_timeout_s, self.hooks, model_reply=self._model_reply, tamper=tamper)
+                                     avg.exchange_timeout_s, self.hooks, model_reply=self._model_reply, tamper=tamper,
+                                     key_file=key_file)
 
     def _accept(self, state: TrainingState) -> None:
         """Load a donor's state (StateError: it does not fit; the next donor's replaces it)."""
@@ -443,11 +454,21 @@ class Swarm:
             "bandwidth": self._bandwidth(), "gate_timeouts": self.hooks.gate_timeouts,
             "sync": self._sync_status(), "served": list(peer.donor.served), "checkpoint": self._keeper.status(),
             "sent_to": dict(t.sent_to), "received_from": dict(self._driver.received_from),
-            "membership": dict(peer.membership.stats),
+            "membership": dict(peer.membership.stats), "security": self._security(t.keyring),
             **self._training_fields(),
         }
         self._cached_status = info
         return info
+
+    def _security(self, keyring: Any) -> dict[str, Any]:
+        """Open, or sealed with which key (the rejections are in ``rejected``: no_key, bad_key,
+        replay, unauthenticated)."""
+        if keyring is None:
+            return {"mode": "open", "summary": "open (no --swarm-key: anyone who reaches this node can join)"}
+        keys = self._key_file
+        return {"mode": "encrypted", "summary": keyring.describe(), "cipher": "AES-256-GCM",
+                "key_id": keyring.primary_id.hex(), "keys": len(keyring.keys), "key_file": keys.path,
+                "reloads": keys.reloads, "key_file_error": keys.last_error}
 
     def _bandwidth(self) -> dict[str, Any]:
         """What bandwidth awareness measured and decided (algorithms that adapt report it)."""
