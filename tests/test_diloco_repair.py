@@ -325,3 +325,24 @@ def test_a_share_that_never_came_is_pulled():
     assert p2.stats["repairs_replayed"] == 0 and p2.stats["replays_missing"] >= 1
     assert p2.stats["repairs_completed"] == 1 and p2.stats["repair_bytes"] > 0
     assert agree(s, s.names)
+
+
+def test_a_pull_takes_at_most_its_share_of_the_link():
+    # A chunk that took 1 s is followed by 1 / PULL_SHARE - 1 s of quiet before the next ask, so
+    # the donor's uplink keeps room for its round shares (unpaced, the lab's rounds stretched).
+    from p2p.averaging.outer_repair import PULL_SHARE, RepairPuller
+    from p2p.bandwidth import BandwidthMonitor
+
+    stats = {k: 0 for k in ("repairs_started", "repair_bytes", "repair_chunks_missed", "repairs_failed",
+                            "repair_chunks_unasked", "repair_stale")}
+    puller = RepairPuller(N, KEY, BandwidthMonitor(), stats)
+    own = (np.zeros(N, np.float32), np.zeros(N, np.float32))
+    assert puller.begin("d", 3, own, now=0.0)
+    (first,) = puller.tick(10.0)
+    offset, count = first.msg.offset, first.msg.count
+    puller.receive("d", RepairChunk(3, offset, KEY, np.ones(count, np.float32)), 11.0)
+    quiet = 1.0 * (1 / PULL_SHARE - 1)
+    assert puller.next_deadline() == pytest.approx(11.0 + quiet)
+    assert puller.tick(11.0 + quiet - 0.01) == []
+    (second,) = puller.tick(11.0 + quiet)
+    assert second.msg.offset == chunk_bounds(N)[1][0]

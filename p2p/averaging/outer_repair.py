@@ -21,9 +21,12 @@ a pull, sized and scheduled so that it cannot feed on itself:
   as of one outer round (the donor captures it when it reaches the round asked for, and
   serves every chunk of the transfer from that capture).
 - **In the background.** ``CHUNK_ENTRIES`` at a time (each chunk is a bulk-stream message),
-  one chunk in flight, the next asked for as soon as one arrived: the pull shares the link with
-  the rounds for the few seconds it takes (a one-off cost of 6 bytes a parameter), rather than
-  spreading over many rounds. Training never waits for it: no step hook looks at a repair.
+  one chunk in flight, paced to ``PULL_SHARE`` of the link: after a chunk that took t seconds
+  the next is asked for t (1 / PULL_SHARE - 1) seconds later. Unpaced, the pull filled the
+  donor's uplink and its round shares queued behind the chunks, so every peer's round (and the
+  trainers gated on it) stretched from ~2.5 s to ~6 s at 20 Mbit/s in the lab
+  (bench/diloco_repair.py); paced, it takes a few rounds and the rounds keep their pace.
+  Training never waits for it: no step hook looks at a repair.
 - **Bounded.** At most one repair in flight. A chunk's deadline is its bytes / the measured
   link rate (p2p/bandwidth.py: from the earlier chunks' request-to-answer times; 10 Mbit/s
   assumed before the first) x
@@ -63,6 +66,7 @@ CHUNK_ENTRIES = 512 * 1024  # entries per chunk (2 MiB of theta_start: a bulk-st
 # enough that a round share queued behind one waits well under a second at 20 Mbit/s)
 ASSUMED_RATE_BPS = 1.25e6  # bytes/s a chunk's deadline assumes before any rate is measured (10 Mbit/s)
 DEADLINE_SLACK = 4.0  # a chunk may take this many times its bytes / the measured rate
+PULL_SHARE = 0.25  # of the link's time a pull may take (module docstring, "In the background")
 MIN_DEADLINE_S = 0.5  # ... but never less (a round trip, a busy donor)
 MAX_ATTEMPTS = 4  # failed attempts before the pull is dropped (the sketches decide again)
 MAX_BACKOFF_S = 60.0
@@ -318,7 +322,8 @@ class RepairPuller:
             self.monitor.observe(src, msg.data.nbytes, now - p.asked_at)
         self.stats["repair_bytes"] += msg.data.nbytes
         p.chunks.pop(0)
-        p.asked_at, p.deadline, p.retry_at = math.inf, math.inf, -math.inf
+        took = max(0.0, now - p.asked_at) if p.asked_at < math.inf else 0.0
+        p.asked_at, p.deadline, p.retry_at = math.inf, math.inf, now + took * (1 / PULL_SHARE - 1)
         if not p.chunks:
             self.done = Pulled(p.round, p.start, p.momentum, p.own_start, p.own_momentum)
             self.pull, self._backoff_s = None, 0.0
