@@ -234,13 +234,30 @@ def test_reference_is_the_largest_group_and_ties_go_the_same_way_for_everyone():
     assert reference_group({"x": (a, 90), "y": (b, 10), "z": (b.copy(), 10)}, sketches_differ) == {"y", "z"}
     # Every copy apart (joiners that synced at different moments): the most trained one.
     apart = {k: (a + np.float32(0.01 * i), 10 + i) for i, k in enumerate(("p", "q", "r"))}
-    assert reference_group({**apart, "": (b * 5, 99)}, sketches_differ) == {""}
-    # A tie goes to the most trained copy, whatever each peer calls itself ("" is "me").
-    assert reference_group({"": (a, 5), "q": (b, 7)}, sketches_differ) == {"q"}
-    assert reference_group({"p": (a, 5), "": (b, 7)}, sketches_differ) == {""}
-    # ... and among copies equally trained, to the smallest sketch: the same for everyone.
-    assert reference_group({"": (a, 5), "q": (b, 5)}, sketches_differ) == {""}
-    assert reference_group({"p": (a, 5), "": (b, 5)}, sketches_differ) == {"p"}
+    assert reference_group({**apart, "s": (b * 5, 99)}, sketches_differ) == {"s"}
+    # A tie goes to the most trained copy ...
+    assert reference_group({"p": (a, 5), "q": (b, 7)}, sketches_differ) == {"q"}
+    # ... and among copies equally trained, to the lowest address, whatever the copies hold:
+    # the answer must not flip when the next outer step moves both copies (it did with the
+    # smallest sketch as the tie-break, and two peers pulled from each other).
+    for shift in (0.0, -3.0, 7.5):
+        assert reference_group({"10.0.0.2:7000": (a + shift, 5), "10.0.0.3:7000": (b - shift, 5)},
+                               sketches_differ) == {"10.0.0.2:7000"}
+        assert reference_group({"10.0.0.3:7000": (a - shift, 5), "10.0.0.2:7000": (b + shift, 5)},
+                               sketches_differ) == {"10.0.0.2:7000"}
+
+
+def test_two_copies_apart_equally_trained_one_pulls_from_the_other_and_never_back():
+    # Three peers, three copies equally trained: the ties go to the lowest address, so p1 and
+    # p2 pull from p0 once each (never p0 from them), and one copy is left.
+    base = starts(3)
+    s = Swarm([base[0], base[1] + 0.5, base[2] - 0.5])
+    rng = np.random.default_rng(21)
+    for _ in range(5):
+        s.outer_round(rng)
+    assert s.alg("p0").stats["repairs_started"] == 0
+    assert all(s.alg(n).stats["repairs_started"] == s.alg(n).stats["repairs_completed"] == 1 for n in ("p1", "p2"))
+    assert agree(s, s.names)
 
 
 def test_propagate_matches_two_copies_stepped_with_the_same_pseudo_gradients():

@@ -138,7 +138,7 @@ _NO_PARAMS = np.empty(0, dtype=np.float32)
 ROUND_SLACK = 3.0  # a round waits at most this many times its usual wait (module docstring)
 MIN_ROUND_TIMEOUT_S = 2.0
 WAIT_EWMA_ALPHA = 0.2
-_SELF = ""  # our own key among the sketches (no address is empty)
+_SELF = ""  # our own key among the sketches before our address is known (no address is empty)
 REPLAY_BUDGET_BYTES = 512 * 2**20  # at most this much memory for the Deltas kept for replay repairs
 MAX_MIXED = 4096  # senders a share's ``mixed`` list may name
 
@@ -409,8 +409,9 @@ class DiLoCo(AsynchronousHooks):
         if self._params_every_round or self._done or not sketches or r < self._fresh_from or self._puller.active \
                 or self._replay is not None:
             return  # sparse graphs mix theta_start in every round; one repair at a time
-        reference = reference_group({**sketches, _SELF: (self._sketch, self.port.step)}, sketches_differ)
-        if _SELF in reference:
+        me = self.self_addr or _SELF
+        reference = reference_group({**sketches, me: (self._sketch, self.port.step)}, sketches_differ)
+        if me in reference:
             self._agreed_at = r
             return
         if self._replay_from(r, reference, theirs):

@@ -11,8 +11,10 @@ a pull, sized and scheduled so that it cannot feed on itself:
 - **Who repairs.** After each round, the sketches of theta_start (ours and the neighbours',
   all taken at the same round's start) are grouped (``reference_group``): the largest group of
   matching sketches is the reference; among groups of one size, the one holding the most
-  trained copy (the highest step count, then the smallest sketch as bytes: every peer on
-  ``full`` sees the same shares and picks the same group, without knowing its own address).
+  trained copy (the highest step count, then the lowest address: every peer on ``full`` sees
+  the same shares and picks the same group, and picks it again next round. An earlier rule,
+  the smallest sketch as bytes, changed its answer from round to round as the copies moved:
+  in the lab two peers apart pulled from each other and swapped copies).
   Only a peer outside the reference group repairs; the others do nothing, so no repair ever
   answers another.
 - **From whom, what.** From ONE donor of the reference group (the fastest measured link): its
@@ -99,10 +101,11 @@ def reference_group(sketches: dict[str, tuple[np.ndarray, int]],
     """The keys of the reference group, from {key: (sketch, the holder's step count)} (module
     docstring): the largest group of matching sketches; among groups of one size, the one
     holding the most trained copy (a joiner that synced while the swarm went on, or a peer cut
-    off that trained alone, holds fewer steps), then the smallest sketch as bytes. Greedy and
+    off that trained alone, holds fewer steps), then the lowest key (the holder's address:
+    stable from round to round, unlike anything taken from the moving copies). Greedy and
     deterministic: members, most trained first, each join the first group whose first member
     they match; every peer of a ``full`` swarm sees the same shares and picks the same group."""
-    order = sorted(sketches, key=lambda k: (-sketches[k][1], sketches[k][0].tobytes(), k))
+    order = sorted(sketches, key=lambda k: (-sketches[k][1], k))
     groups: list[list[str]] = []
     for key in order:
         for group in groups:
