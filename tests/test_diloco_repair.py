@@ -24,11 +24,11 @@ class Swarm:
     """Peers on a full graph, a logical clock and a network that can cut a peer off. Every
     message goes through encode/decode; ``sent`` counts the bytes each peer put on the wire."""
 
-    def __init__(self, starts, codec="int4", drop=lambda src, dst, msg: False, timeout_s=10.0):
+    def __init__(self, starts, codec="int4", drop=lambda src, dst, msg: False, timeout_s=10.0, robust=False):
         self.names = [f"p{i}" for i in range(len(starts))]
         self.peers = {}
         for name, start in zip(self.names, starts):
-            config = AveragingConfig(round_timeout_s=timeout_s, robust_mixing=False, compression=codec)
+            config = AveragingConfig(round_timeout_s=timeout_s, robust_mixing=robust, compression=codec)
             port = ArrayPort(np.asarray(start, np.float32), KEY, immediate=True)
             self.peers[name] = (port, DiLoCo(config, port, random.Random(0), 0.0,
                                              DiLoCoConfig(inner_steps=H, outer_lr=0.7, outer_momentum=0.9)))
@@ -72,11 +72,12 @@ class Swarm:
             self.now = max(self.now, t)
             self.send(name, self.alg(name).tick(self.now, self.others(name)))
 
-    def outer_round(self, rng, inner_s=1.0):
+    def outer_round(self, rng, inner_s=1.0, scale=None):
         """H inner steps on every peer (``inner_s`` of simulated compute), then the boundary:
-        every trainer waits at its gate until its round ended; the clock runs meanwhile."""
-        for port, _ in self.peers.values():
-            port.x -= rng.standard_normal(N).astype(np.float32) * 0.01
+        every trainer waits at its gate until its round ended; the clock runs meanwhile.
+        ``scale``: {peer: factor} on that peer's inner progress (a pseudo-gradient that stands out)."""
+        for name, (port, _) in self.peers.items():
+            port.x -= rng.standard_normal(N).astype(np.float32) * np.float32(0.01 * (scale or {}).get(name, 1.0))
             port.step += H
         self.settle(self.now + inner_s)
         for name in self.names:
@@ -363,3 +364,47 @@ def test_a_pull_takes_at_most_its_share_of_the_link():
     assert puller.tick(11.0 + quiet - 0.01) == []
     (second,) = puller.tick(11.0 + quiet)
     assert second.msg.offset == chunk_bounds(N)[1][0]
+
+
+def test_a_clipped_pseudo_gradient_leaves_the_peers_that_got_it_with_one_copy():
+    # A peer back from a cut sends a pseudo-gradient several rounds long (here 3x the others'
+    # norm): robust mixing clips it. Clipped around each peer's own Delta with each peer's own
+    # radius (ClippedGossip), the three others took three different outer steps and each then
+    # needed a repair. Clipped as a function of the set (robust.py), they take one step.
+    s = Swarm(starts(4), codec="none", robust=True)
+    rng = np.random.default_rng(31)
+    s.outer_round(rng)
+    s.outer_round(rng, scale={"p3": 3.0})
+    assert all(s.alg(n).stats["robust_clipped"] >= 1 for n in s.names)
+    assert all(s.alg(n).stats["robust_refused"] == 0 for n in s.names)
+    assert agree(s, s.names)
+    for _ in range(2):
+        s.outer_round(rng)
+    assert sum(s.alg(n).stats["repairs_started"] + s.alg(n).stats["repairs_replayed"] for n in s.names) == 0
+    assert agree(s, s.names)
+
+
+def test_a_share_that_came_late_to_a_clipped_round_is_replayed_with_the_same_clipping():
+    # As test_a_share_that_came_late_is_replayed_not_pulled, with the late share the one the
+    # others clipped: the replay clips it the same way, and one copy is left with no pull.
+    held = []
+
+    def hold(src, dst, msg):
+        if src == "p3" and dst == "p2" and getattr(msg, "round", None) == 1 and not isinstance(msg, RepairChunk):
+            held.append(msg)
+            return True
+        return False
+
+    s = Swarm(starts(4), codec="none", drop=hold, timeout_s=2.0, robust=True)
+    rng = np.random.default_rng(32)
+    s.outer_round(rng)
+    s.outer_round(rng, scale={"p3": 3.0})
+    assert held and not agree(s, s.names)
+    for msg in held:
+        s.alg("p2").receive("p3", msg, s.now, s.others("p2"))
+    s.outer_round(rng)
+    s.outer_round(rng)
+    p2 = s.alg("p2")
+    assert p2.stats["repairs_replayed"] == 1 and p2.stats["repairs_started"] == 0
+    assert agree(s, s.names)
+

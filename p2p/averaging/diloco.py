@@ -83,11 +83,12 @@ empty tensor, which the round mixes as "equal to mine").
 Replay repairs: most copies fall apart by one round's average, not by missed rounds: a share
 that reached some peers in time and others after their round's deadline (a loaded machine, a
 link that went down mid-transfer) leaves the two sides with averages over different sets. Each
-share names whose Deltas its sender's previous round averaged (``mixed``; empty when robust
-mixing clipped one or staleness weights were used: not a plain mean), and each peer keeps the
+share names whose Deltas its sender's previous round averaged (``mixed``; empty when
+staleness weights were used), and each peer keeps the
 decoded Deltas of the last two rounds, late ones included (``REPLAY_BUDGET_BYTES`` at most). A
 peer that agreed with the reference group one round ago and holds every Delta the group
-averaged recomputes their average and corrects its own copy by the difference (d m = d Delta,
+averaged recomputes their average (clipped as they clipped it: robust mixing here is a function of the
+set) and corrects its own copy by the difference (d m = d Delta,
 d theta_start = -lr (1 + mu) d Delta, carried through the outer steps since, as a pull's is):
 no model travels. Otherwise it pulls, as above.
 
@@ -99,10 +100,13 @@ waited for until a share of its arrives again (a cut peer costs the others one s
 not one per round), and the round's mix is the plain average of the shares that arrived, so the
 peers that got the same shares keep the same copy (rounds.py, ``uniform``).
 
-Robust mixing (``robust_mixing``, on by default; p2p/averaging/robust.py, after ClippedGossip):
-each neighbour's pseudo-gradient, and its theta_start and momentum when they travel, is
-screened against its own channel's radius before the round mixes it (rounds.py): clipped, or
-the neighbour's whole share refused. Its sketch then asks for no repair.
+Robust mixing (``robust_mixing``, on by default; p2p/averaging/robust.py). On ``full`` (one
+round per outer step) it must give every peer that got the same shares the same outer step, or
+each clipping splits the copies (issue 16, seen in the lab): a share whose pseudo-gradient's
+norm is far beyond the round's median is refused, the rest clipped to a radius from that
+median, and the mean taken (robust.py, "One answer for one set"). On sparse graphs (theta_start
+mixed every round) each neighbour's vectors are screened around ours, after ClippedGossip. A
+refused share's sketch asks for no repair.
 
 Waits at every outer boundary for the neighbours (bounded by the timeout per round): a slow
 peer delays the others once per H steps, not every step. Rounds are aligned as in ``rounds.py``.
@@ -121,7 +125,7 @@ from p2p.averaging.outer_repair import (RepairChunk, RepairDonor, RepairPuller, 
                                         reference_group)
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
                                decoded_params, state_array, state_int)
-from p2p.averaging.robust import RobustMixing
+from p2p.averaging.robust import RobustMixing, clipped_mean
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.bandwidth import BandwidthMonitor
 from p2p.compression import compressor_from_config, decompress
@@ -436,10 +440,12 @@ class DiLoCo(AsynchronousHooks):
         if any(s not in kept for s in lists[0]):
             self.stats["replays_missing"] += 1
             return False
-        total = np.zeros_like(self._averaged[prev])
-        for s in lists[0]:
-            total += kept[s]
-        d = total / np.float32(len(lists[0])) - self._averaged[prev]
+        vectors = [kept[s] for s in lists[0]]
+        if self.robust.enabled:  # the reference clipped the same set the same way (robust.py)
+            theirs, _ = clipped_mean(vectors, self.robust.config.factor)
+        else:
+            theirs = np.sum(vectors, axis=0, dtype=np.float32) / np.float32(len(vectors))
+        d = theirs - self._averaged[prev]
         opts = self.options
         self._replay = (r, np.float32(-opts.outer_lr * (1 + opts.outer_momentum)) * d, d)
         self.stats["repairs_replayed"] += 1
@@ -457,7 +463,9 @@ class DiLoCo(AsynchronousHooks):
 
     def _note_average(self, r: int, mixed, exact: bool) -> None:
         """Round ``r``'s average, and whose Deltas it took (sent with our next share). Not
-        replayable when a Delta was clipped or down-weighted: () says "unknown"."""
+        replayable when a Delta was down-weighted by staleness: () says "unknown". A clipped one
+        is replayable: the clipping is a function of the set (robust.py, "One answer for one
+        set")."""
         self._averaged = {k: v for k, v in self._averaged.items() if k >= r - 1}
         self._averaged[r] = mixed.payload[1]
         used = (mixed.senders - mixed.refused) | {self.self_addr}
@@ -495,11 +503,10 @@ class DiLoCo(AsynchronousHooks):
             return
         tau = self.config.staleness_tau if self.config.staleness_aware else None
         r = self._rounds.round
-        clipped = self.stats.get("robust_clipped", 0)
         mixed = self._rounds.finish(self.port.step, tau, now)
         if not self._params_every_round:
             self._observe_wait(mixed, now)
-            self._note_average(r, mixed, tau is None and self.stats.get("robust_clipped", 0) == clipped)
+            self._note_average(r, mixed, tau is None)
         self._compare_sketches(r, mixed.refused)
         self._payload = mixed.payload
         self._packed = None

@@ -37,6 +37,23 @@ which the algorithms compute anyway for the consensus estimate (``Disagreement``
 
 Pure state, no I/O: ``now`` is an argument. A clipped vector is not a strike: ClippedGossip
 clips honest peers too when they are the farthest of the round.
+
+One answer for one set (DiLoCo on ``full``, rounds.py ``uniform``). DiLoCo's peers each hold a
+copy of the outer parameters and keep them equal by taking the same outer step: the mean of
+the same pseudo-gradients. ClippedGossip clips around each peer's *own* vector with each
+peer's own radius, so two honest peers that got the same shares take different steps whenever
+anything is clipped, and their copies fall apart (seen in the lab: a peer back from a cut link
+sends a pseudo-gradient of several rounds, both survivors clip it, each its own way, and each
+then needs a 13 MB repair; issue 16). For these rounds the rule is a function of the set of
+vectors alone, after centered clipping (Karimireddy, He, Jaggi, "Learning from History for
+Byzantine Robust Optimization", ICML 2021, Sec. 3) with the centre at zero and the radius from
+the round's own median: first refuse any vector whose norm is beyond ``refuse_factor`` x tau
+(tau = ``factor`` x the median norm of all of them, ours included; a strike, as above), then
+clip the rest to ``factor`` x the median norm of what is left and take the plain mean
+(``clipped_mean``). Every peer that got the same shares computes the same step; a peer that
+missed one can recompute the reference's step from the senders it names (DiLoCo's replay
+repair). A pseudo-gradient scaled by 100 is refused; noise or a sign flip of a plausible norm
+passes clipped to tau, as it did around our own vector.
 """
 
 from __future__ import annotations
@@ -156,6 +173,30 @@ class RobustMixing:
                 self._strikes.pop(src, None)
         return factors
 
+    def screen_set(self, channel: str, norms: Sequence[tuple[str, float]], now: float) -> set[str]:
+        """The refusals of a *consistent* round (``clipped_mean``, module docstring "One answer
+        for one set"): the senders whose vector's norm is beyond ``refuse_factor`` x tau, tau
+        taken from every norm of the round, ours included (``norms`` lists ours too, under a key
+        that is never refused: the caller leaves it out of the result). Strikes and exclusions as
+        ``screen_round``; a vector that is not refused clears its sender's strikes."""
+        if not self.enabled or len(norms) < 3:  # no majority to judge by
+            return set()
+        cfg = self.config
+        tau = cfg.factor * float(np.median([n for _, n in norms if np.isfinite(n)] or [0.0]))
+        self.tau[channel] = tau
+        refused = set()
+        for src, norm in norms:
+            if src in self._excluded_until:
+                refused.add(src)
+                self.stats["robust_dropped"] += 1
+            elif not np.isfinite(norm) or (tau > 0 and norm > cfg.refuse_factor * tau):
+                refused.add(src)
+                self.stats["robust_refused"] += 1
+                self._strike(src, now)
+            else:
+                self._strikes.pop(src, None)
+        return refused
+
     def _strike(self, src: str, now: float) -> None:
         strikes = self._strikes.get(src, 0) + 1
         if strikes < self.config.strikes:
@@ -200,3 +241,21 @@ class RobustMixing:
                      for p, n in self._exclusions.items()}
         return {"enabled": self.enabled, "tau": {k: float(f"{v:.4g}") for k, v in self.tau.items()},
                 "offenders": offenders}
+
+
+def clipped_mean(vectors: Sequence[np.ndarray], factor: float) -> tuple[np.ndarray, int]:
+    """The mean of ``vectors``, each first clipped to norm tau = ``factor`` x the median of
+    their norms (module docstring, "One answer for one set"); and how many were clipped. A
+    function of the set alone: whoever holds the same vectors gets the same mean, bit for bit
+    when summed in the same order (callers sort by sender)."""
+    norms = [float(np.linalg.norm(v)) for v in vectors]
+    tau = factor * float(np.median(norms)) if norms else 0.0
+    total = np.zeros_like(vectors[0])
+    clipped = 0
+    for v, n in zip(vectors, norms):
+        if n > tau > 0:
+            total += np.float32(tau / n) * v
+            clipped += 1
+        else:
+            total += v
+    return total / np.float32(len(vectors)), clipped

@@ -56,10 +56,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 from p2p.averaging.base import Disagreement, state_int, staleness_weight
-from p2p.averaging.robust import REFUSED, RobustMixing
+from p2p.averaging.robust import REFUSED, RobustMixing, clipped_mean
 from p2p.protocol import RemoteProtocolError
 
 INF = float("inf")
+_OWN = ""  # our own vector among the norms a consistent round screens (no address is empty)
 MAX_BUFFERED_ROUNDS = 16  # future rounds kept (>= LEAD: a peer catching up finds every round it needs)
 MAX_SENDERS_PER_ROUND = 1024  # vectors kept per round (bounds memory under a flood)
 MAX_DEGREE = 1 << 20
@@ -239,6 +240,10 @@ class NeighbourRounds:
             raise AssertionError("finish() with no round in flight")
         box = self._inbox.pop(self.round, {})
         own = self._own
+        if self.uniform and self.robust is not None and self.robust.enabled and staleness_tau is None:
+            mixed, refused, entries = self._mix_consistent(box, own, now)
+            acc = [m - mine for m, mine in zip(mixed, own)]
+            return self._close(box, mixed, acc, entries, refused)
         # One norm per vector per round, and one per neighbour's difference: the robust screen
         # and the consensus estimate share them.
         own_norms = [float(np.linalg.norm(a)) for a in own]
@@ -269,6 +274,9 @@ class NeighbourRounds:
                             distance = float(np.linalg.norm(difference))
                         self.disagreement.observe_norms(distance, own_norms[k])
         mixed = tuple(mine + delta for mine, delta in zip(own, acc))
+        return self._close(box, mixed, acc, entries, refused)
+
+    def _close(self, box: dict[str, Entry], mixed, acc, entries, refused) -> Mixed:
         self._count("exchanges_completed")
         short = len(box) < self._expected if self._wait_for is None else not self._wait_for.issubset(box)
         if short:
@@ -279,6 +287,32 @@ class NeighbourRounds:
         self.round += 1
         self.waiting, self.deadline, self._own = False, INF, ()
         return result
+
+    def _mix_consistent(self, box: dict[str, Entry], own: tuple[np.ndarray, ...], now: float):
+        """Robust mixing that every peer holding the same vectors agrees on (``uniform`` rounds,
+        p2p/averaging/robust.py "One answer for one set"): per vector, refuse senders by norm
+        against the round's median, then the clipped mean of ours and the rest. A sender that
+        left a vector out ("same as mine") counts as ours for it."""
+        refused: set[str] = set()
+        for k, mine in enumerate(own):
+            norms = [(src, float(np.linalg.norm(e.payload[k]))) for src, e in box.items()
+                     if k < len(e.payload) and e.payload[k] is not None]
+            if norms:
+                channel = self.channels[k] if k < len(self.channels) else str(k)
+                refused |= self.robust.screen_set(channel, norms + [(_OWN, float(np.linalg.norm(mine)))], now)
+        refused.discard(_OWN)
+        entries = sorted((src, e) for src, e in box.items() if src not in refused)
+        mixed = []
+        for k, mine in enumerate(own):
+            theirs = [e.payload[k] for _, e in entries if k < len(e.payload) and e.payload[k] is not None]
+            if not theirs:
+                mixed.append(mine)
+                continue
+            vectors = [mine] + theirs + [mine] * (len(entries) - len(theirs))
+            mean, clipped = clipped_mean(vectors, self.robust.config.factor)
+            self.stats["robust_clipped"] += clipped
+            mixed.append(mean)
+        return tuple(mixed), refused, entries
 
     def _screen(self, box: dict[str, Entry], own: tuple[np.ndarray, ...], own_norms: list[float],
                 now: float) -> tuple[dict[tuple[str, int], float], set[str], dict[tuple[str, int], float]]:
