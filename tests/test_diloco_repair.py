@@ -408,3 +408,26 @@ def test_a_share_that_came_late_to_a_clipped_round_is_replayed_with_the_same_cli
     assert p2.stats["repairs_replayed"] == 1 and p2.stats["repairs_started"] == 0
     assert agree(s, s.names)
 
+
+def test_a_pull_whose_outer_steps_no_longer_match_the_donors_is_dropped_not_landed():
+    # p3 starts apart and pulls from one donor. While the pull is in flight (its second chunk
+    # is lost for a while), p3 misses p1's share of round 1: its outer step there is not the
+    # donor's, so the donor's state carried to ours would land apart again. The donor's next
+    # share names whose Deltas it averaged; p3 sees the sets differ and drops the pull (counted),
+    # and the next pull, whose rounds match, lands one copy.
+    held = {"until": 0.0}
+
+    def drop(src, dst, msg):
+        if dst == "p3" and isinstance(msg, RepairChunk) and msg.offset >= N and held["until"] > 0 and s.now < held["until"]:
+            return True
+        return src == "p1" and dst == "p3" and getattr(msg, "round", None) == 1 and not isinstance(msg, RepairChunk)
+
+    s = Swarm(starts(4, apart={3}), drop=drop, timeout_s=2.0)
+    rng = np.random.default_rng(41)
+    held["until"] = s.now + 3.5
+    for _ in range(6):
+        s.outer_round(rng)
+    p3 = s.alg("p3")
+    assert p3.stats["repairs_diverged"] == 1, p3.stats
+    assert p3.stats["repairs_completed"] == 1
+    assert agree(s, s.names)

@@ -242,7 +242,7 @@ class DiLoCo(AsynchronousHooks):
         # one was in flight, bytes pulled and served, chunks that missed their deadline.
         for key in ("repairs_started", "repairs_completed", "repairs_failed", "repair_rounds", "repair_bytes",
                     "repair_bytes_served", "repair_chunks_missed", "repair_chunks_unasked", "repair_stale",
-                    "repair_donors_gone", "repairs_replayed", "replays_missing"):
+                    "repair_donors_gone", "repairs_replayed", "replays_missing", "repairs_diverged"):
             self.stats[key] = 0
         # How far the outer parameters (the swarm's model) are apart: from the sketches, and from
         # theta_start itself in the rounds that carry it.
@@ -280,6 +280,7 @@ class DiLoCo(AsynchronousHooks):
         self._deltas: dict[int, dict[str, np.ndarray]] = {}
         self._averaged: dict[int, np.ndarray] = {}
         self._mixed_last: tuple = ()
+        self._mixed_at: dict[int, tuple] = {}  # round -> _mixed_last after it (a pull's check)
         self._agreed_at = -1  # the last round whose sketches put us in the reference group
         self._replay: tuple[int, np.ndarray, np.ndarray] | None = None  # (round, d theta_start, d momentum) to apply
         self._momentum = np.zeros_like(self._start)
@@ -402,6 +403,7 @@ class DiLoCo(AsynchronousHooks):
         outer_repair.py). A neighbour robust mixing refused this round is no copy to compare."""
         theirs = self._theirs.pop(r, {})
         self._theirs = {k: v for k, v in self._theirs.items() if k > r}
+        self._check_pull(r, theirs)
         sketches = {}
         for src, (sketch, step, _) in theirs.items():
             if src in refused:
@@ -422,6 +424,24 @@ class DiLoCo(AsynchronousHooks):
             return
         links = self.monitor.links
         self._pull_from = max(sorted(reference), key=lambda j: links[j].throughput_bps or 0 if j in links else 0)
+
+    def _check_pull(self, r: int, theirs: dict) -> None:
+        """A pull's state is the donor's as of its round R, carried to ours by ``propagate``,
+        which holds only if every outer step we took since R used the donor's average. The
+        donor's share of round r names whose Deltas it averaged in round r - 1: the same set as
+        ours (the mix is a function of the set), or the pull is dropped before it lands a wrong
+        correction (seen in the lab: a peer that began a pull while cut off, mixed alone for
+        three rounds and jumped, landed a copy as far apart as before, 30 rounds later). Also
+        when the donor's share is missing: nothing vouches for that round. A round of ours that
+        missed a share it waited for is dropped at once (``_poll``), before the pull can land:
+        the donor will most likely name a set we did not mix."""
+        pull = self._puller.pull or self._puller.done
+        if pull is None or r - 1 < pull.round:
+            return
+        named = theirs.get(pull.donor, (None, None, ()))[2]
+        if not named or named != self._mixed_at.get(r - 1):
+            self.stats["repairs_diverged"] += 1
+            self._puller.abandon()
 
     def _replay_from(self, r: int, reference: set[str], theirs: dict) -> bool:
         """Repair without moving a model (module docstring, "Replay repairs"): our copy agreed
@@ -470,6 +490,8 @@ class DiLoCo(AsynchronousHooks):
         self._averaged[r] = mixed.payload[1]
         used = (mixed.senders - mixed.refused) | {self.self_addr}
         self._mixed_last = tuple(sorted(used)) if exact and self.self_addr is not None else ()
+        self._mixed_at = {k: v for k, v in self._mixed_at.items() if k >= r - 2}
+        self._mixed_at[r] = self._mixed_last
 
     def _round_timeout(self) -> float:
         """This round's deadline (module docstring): ``ROUND_SLACK`` x the usual wait."""
@@ -505,6 +527,9 @@ class DiLoCo(AsynchronousHooks):
         r = self._rounds.round
         mixed = self._rounds.finish(self.port.step, tau, now)
         if not self._params_every_round:
+            if (self._puller.pull or self._puller.done) and self._wait_for - mixed.senders:
+                self.stats["repairs_diverged"] += 1  # _check_pull
+                self._puller.abandon()
             self._observe_wait(mixed, now)
             self._note_average(r, mixed, tau is None)
         self._compare_sketches(r, mixed.refused)

@@ -223,6 +223,7 @@ class Pulled:
     momentum: np.ndarray
     own_start: np.ndarray
     own_momentum: np.ndarray
+    donor: str  # whose state it is (diloco.py checks the donor's rounds until it lands)
 
 
 class RepairPuller:
@@ -328,8 +329,15 @@ class RepairPuller:
         took = max(0.0, now - p.asked_at) if p.asked_at < math.inf else 0.0
         p.asked_at, p.deadline, p.retry_at = math.inf, math.inf, now + took * (1 / PULL_SHARE - 1)
         if not p.chunks:
-            self.done = Pulled(p.round, p.start, p.momentum, p.own_start, p.own_momentum)
+            self.done = Pulled(p.round, p.start, p.momentum, p.own_start, p.own_momentum, p.donor)
             self.pull, self._backoff_s = None, 0.0
+
+    def abandon(self) -> None:
+        """Drop the pull in flight (its state would not fit ours: diloco.py ``_check_pull``);
+        the next round's sketches decide afresh."""
+        if self.pull is not None or self.done is not None:
+            self.stats["repairs_failed"] += 1
+            self.pull = self.done = None
 
     def drop_if_donor_gone(self, neighbours: Sequence[str]) -> None:
         """The donor left our neighbours (dead, left, cut off): drop the pull at once rather than
