@@ -24,6 +24,13 @@ limits checked before any payload arrives), and a cap on inbound bulk connection
 reconnects by itself; a bulk connection that fails is re-dialled on the next large send
 (after ``reconnect_ivl_ms``). Sockets to peers unused for ``idle_close_s`` are closed.
 
+File descriptors stay bounded too, whatever peers claim or how slowly they send: the node
+answers whatever address a message names as its sender, so the sockets to peers are capped at
+``max_peer_sockets`` (the least recently used closes first: spoofed sender addresses cannot
+grow the table without bound); and an inbound bulk message that, after ``bulk.slow_grace_s``,
+has averaged less than ``bulk.min_rate_bytes_per_s`` is cut off (a trickling sender cannot hold
+a connection, and one of the ``max_connections`` slots, for ever).
+
 With a swarm key (``keyring``), every message on both channels is sealed and opened here
 (p2p/net/seal.py): control messages one by one, the bulk stream as records sealed just before
 they are written (so a message dropped from the queue unsent never consumes a record number).
@@ -63,6 +70,7 @@ class TransportConfig:
     reconnect_ivl_ms: int = 100  # first reconnect delay after a peer drops
     reconnect_ivl_max_ms: int = 2000  # reconnect backoff cap
     idle_close_s: float = 120.0  # close the sockets to a peer not sent to for this long
+    max_peer_sockets: int = 256  # peers with open sockets (ZeroMQ and bulk) at once; LRU closes first
     bulk: BulkConfig = field(default_factory=BulkConfig)
 
 
@@ -116,6 +124,8 @@ class _InStream:
     sock: socket.socket
     reader: Union[StreamReader, SealedReader]
     identity: bytes
+    started: Optional[float] = None  # when the message now arriving began (None: between messages)
+    got: int = 0  # bytes of it so far (the rate ``housekeeping`` holds it to)
 
 
 def _listen_socket(listen: str) -> socket.socket:
@@ -166,7 +176,8 @@ class Transport:
         self._control: dict[str, zmq.Socket] = {}
         self._out: dict[str, _OutStream] = {}
         self._in: dict[socket.socket, _InStream] = {}
-        self._last_used: dict[str, float] = {}
+        self._last_used: dict[str, float] = {}  # the peers with sockets: when each was last sent to
+        self._keep: set[str] = set()  # the neighbours named at the last housekeeping (never idle-closed)
         self._transfer_ids = itertools.count(1)
         self.pool = BufferPool(config.bulk.pool_buffers)
         self.bytes_sent = 0
@@ -177,6 +188,8 @@ class Transport:
         self.transfers_abandoned = 0
         self.connections_refused = 0  # inbound bulk connections beyond ``max_connections``
         self.streams_closed_by_peer = 0  # idle outgoing streams the receiver closed (it died, restarted)
+        self.slow_closed = 0  # inbound bulk connections cut off for sending too slowly
+        self.peer_sockets_evicted = 0  # peers' sockets closed to stay within ``max_peer_sockets``
         self.sent_to: Counter[str] = Counter()  # bytes of messages accepted for sending, by address
 
     # -- sockets --------------------------------------------------------------------------
@@ -196,6 +209,8 @@ class Transport:
     # -- sending --------------------------------------------------------------------------
     def send(self, addr: str, frames: list, now: float) -> bool:
         """Send ``frames`` to ``addr`` without blocking; False (and counted) if dropped."""
+        if addr not in self._last_used and len(self._last_used) >= self.config.max_peer_sockets:
+            self._evict_peer()
         self._last_used[addr] = now
         size = sum(_nbytes(f) for f in frames)
         try:
@@ -231,6 +246,14 @@ class Transport:
         self.messages_sent += 1
         self._pump(addr, stream, now)
         return True
+
+    def _evict_peer(self) -> None:
+        """Make room in the socket table: close the least recently used peer's sockets, not a
+        neighbour's while another will do (a flood of spoofed senders must not cost the
+        neighbours their connections)."""
+        others = [a for a in self._last_used if a not in self._keep] or list(self._last_used)
+        self._close_peer(min(others, key=self._last_used.__getitem__))
+        self.peer_sockets_evicted += 1
 
     def _dial(self, addr: str, stream: _OutStream, now: float) -> None:
         """Start a non-blocking connect to ``addr``'s bulk port (completion shows as POLLOUT)."""
@@ -452,12 +475,17 @@ class Transport:
                 self._close_in(stream)
                 return
             self.bytes_received += got
+            if stream.started is None:
+                stream.started, stream.got = now, 0
+            stream.got += got
             try:
                 frames = reader.advance(got, now)
             except RemoteProtocolError as exc:
                 out.append(Incoming(stream.identity, None, exc))
                 self._close_in(stream)
                 return
+            if not reader.mid_message():
+                stream.started = None
             if frames is not None:
                 self.messages_received += 1
                 if reader.non_finite:
@@ -495,22 +523,32 @@ class Transport:
     # -- housekeeping ---------------------------------------------------------------------
     def housekeeping(self, now: float, keep: Iterable[str] = ()) -> None:
         """Drop stalled inbound transfers; close sockets to peers idle for ``idle_close_s``."""
-        stall = self.config.bulk.stall_timeout_s
+        cfg = self.config.bulk
         for stream in list(self._in.values()):
-            if stream.reader.mid_message() and now - stream.reader.last_progress > stall:
+            if stream.reader.mid_message() and now - stream.reader.last_progress > cfg.stall_timeout_s:
                 self.transfers_abandoned += 1
                 self._close_in(stream)
-        keep = set(keep)
+            elif stream.started is not None and now - stream.started > cfg.slow_grace_s \
+                    and stream.got < cfg.min_rate_bytes_per_s * (now - stream.started):
+                self.slow_closed += 1
+                self._close_in(stream)
+        self._keep = keep = set(keep)
         for addr, last in list(self._last_used.items()):
             out = self._out.get(addr)
             if addr not in keep and now - last > self.config.idle_close_s and not (out and out.queue):
-                sock = self._control.pop(addr, None)
-                if sock is not None:
-                    sock.close(linger=0)
-                if out is not None and out.sock is not None:
-                    out.sock.close()
-                self._out.pop(addr, None)
-                del self._last_used[addr]
+                self._close_peer(addr)
+
+    def _close_peer(self, addr: str) -> None:
+        """Close the sockets to ``addr`` (a message still queued for it is abandoned)."""
+        sock = self._control.pop(addr, None)
+        if sock is not None:
+            sock.close(linger=0)
+        out = self._out.pop(addr, None)
+        if out is not None:
+            if out.sock is not None:
+                out.sock.close()
+            self.transfers_abandoned += len(out.queue)
+        del self._last_used[addr]
 
     def close(self, linger_s: Optional[float] = None) -> None:
         linger = 0 if linger_s is None else int(linger_s * 1000)
