@@ -500,3 +500,16 @@ def test_spoofed_sender_addresses_cannot_grow_the_socket_table_past_its_cap():
         assert neighbour in a._control  # the least recently used, but a neighbour: kept
     finally:
         a.close()
+
+
+def test_per_address_counts_keep_the_largest_and_fold_made_up_senders_into_one_entry():
+    from p2p.net.transport import TopCounts
+
+    counts = TopCounts(keep=3)
+    for peer in ("a:1", "b:1"):
+        counts.add(peer, 1_000_000)
+    for i in range(1000):  # a flood of senders that each sent one small message
+        counts.add(f"spoof:{i}", 10)
+    assert len(counts) <= 2 * 3 + 1
+    assert counts["a:1"] == counts["b:1"] == 1_000_000  # the real peers stay on top
+    assert sum(counts.values()) == 2_000_000 + 10_000 and counts[TopCounts.OTHERS] > 0

@@ -27,7 +27,7 @@ from p2p.net.control import ModelReply, ModelRequest, StateReply, StateRequest, 
 from p2p.events import event
 from p2p.peer import Peer
 from p2p.protocol import RemoteProtocolError, Send
-from p2p.net.transport import Incoming, Transport
+from p2p.net.transport import Incoming, TopCounts, Transport
 from p2p.wire import DEFAULT_LIMITS, Limits, decode, encode
 
 if TYPE_CHECKING:  # the trainer's side of the averager's hooks (p2p/training/step_hooks.py)
@@ -78,7 +78,7 @@ class NetworkDriver:
         self.finished = threading.Event()
         self.error: BaseException | None = None
         self.last_turn = time.monotonic()  # when the loop last went round (-inf once it ended): health
-        self.received_from: Counter[str] = Counter()  # bytes of decoded messages, by sender address
+        self.received_from = TopCounts()  # bytes of decoded messages, by sender address
         self._next_housekeeping = 0.0
         self._thread = threading.Thread(target=self._run, name="p2p-network", daemon=True)
 
@@ -207,7 +207,7 @@ class NetworkDriver:
             if incoming.error is not None:
                 raise incoming.error
             src, msg = decode(incoming.frames, incoming.limits(self.limits))
-            self.received_from[src] += sum(_frame_bytes(f) for f in incoming.frames)
+            self.received_from.add(src, sum(_frame_bytes(f) for f in incoming.frames))
             if isinstance(msg, StatusRequest):
                 self.transport.reply(incoming.identity, encode(StatusReply(self.status_info()), self.advertise))
                 return

@@ -29,7 +29,9 @@ answers whatever address a message names as its sender, so the sockets to peers 
 ``max_peer_sockets`` (the least recently used closes first: spoofed sender addresses cannot
 grow the table without bound); and an inbound bulk message that, after ``bulk.slow_grace_s``,
 has averaged less than ``bulk.min_rate_bytes_per_s`` is cut off (a trickling sender cannot hold
-a connection, and one of the ``max_connections`` slots, for ever).
+a connection, and one of the ``max_connections`` slots, for ever). A connection to the ZeroMQ
+port that does not finish its greeting within ``handshake_ms`` is closed by libzmq (it accepts
+every connection: its count is bounded only by the rate of connections times that timeout).
 
 With a swarm key (``keyring``), every message on both channels is sealed and opened here
 (p2p/net/seal.py): control messages one by one, the bulk stream as records sealed just before
@@ -71,6 +73,7 @@ class TransportConfig:
     reconnect_ivl_max_ms: int = 2000  # reconnect backoff cap
     idle_close_s: float = 120.0  # close the sockets to a peer not sent to for this long
     max_peer_sockets: int = 256  # peers with open sockets (ZeroMQ and bulk) at once; LRU closes first
+    handshake_ms: int = 10_000  # an inbound ZeroMQ connection that has not said hello by then is closed
     bulk: BulkConfig = field(default_factory=BulkConfig)
 
 
@@ -86,6 +89,28 @@ class Incoming:
     def limits(self, limits: Limits) -> Limits:
         """The limits to ``decode`` it with: without the NaN/Inf pass the reader already made."""
         return replace(limits, check_finite=False) if self.finite_checked and limits.check_finite else limits
+
+
+class TopCounts(Counter):
+    """Counts by peer address for at most about ``keep`` addresses: past twice that many, all but
+    the ``keep`` largest are folded into one ``OTHERS`` entry. A node answers and counts whatever
+    sender address a message names, so made-up ones must not grow this (the status, the metrics'
+    label sets) without bound; real peers, with their steady traffic, stay on top."""
+
+    OTHERS = "(others)"
+
+    def __init__(self, keep: int = 512) -> None:
+        super().__init__()
+        self.keep = keep
+
+    def add(self, key: str, n: int) -> None:
+        self[key] += n
+        if len(self) > 2 * self.keep:
+            ranked = self.most_common()
+            folded = sum(count for _, count in ranked[self.keep:])
+            self.clear()
+            self.update(dict(ranked[:self.keep]))
+            self[self.OTHERS] += folded
 
 
 def _nbytes(frame: Union[bytes, memoryview, zmq.Frame]) -> int:
@@ -155,6 +180,7 @@ class Transport:
         self.router.setsockopt(zmq.RCVHWM, config.recv_hwm)
         self.router.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client raises, we count it
+        self.router.setsockopt(zmq.HANDSHAKE_IVL, config.handshake_ms)  # (libzmq's default: 30 s)
         try:
             self.router.bind(to_endpoint(listen))
         except zmq.ZMQError as exc:
@@ -190,7 +216,7 @@ class Transport:
         self.streams_closed_by_peer = 0  # idle outgoing streams the receiver closed (it died, restarted)
         self.slow_closed = 0  # inbound bulk connections cut off for sending too slowly
         self.peer_sockets_evicted = 0  # peers' sockets closed to stay within ``max_peer_sockets``
-        self.sent_to: Counter[str] = Counter()  # bytes of messages accepted for sending, by address
+        self.sent_to = TopCounts()  # bytes of messages accepted for sending, by address
 
     # -- sockets --------------------------------------------------------------------------
     def _socket(self, addr: str) -> zmq.Socket:
@@ -202,7 +228,11 @@ class Transport:
             sock.setsockopt(zmq.RECONNECT_IVL, self.config.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self.config.reconnect_ivl_max_ms)
             sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
-            sock.connect(to_endpoint(addr))
+            try:
+                sock.connect(to_endpoint(addr))
+            except (zmq.ZMQError, ValueError):  # not an address (a peer may name anything): no socket kept
+                sock.close(linger=0)
+                raise
             self._control[addr] = sock
         return sock
 
@@ -217,7 +247,7 @@ class Transport:
             if len(frames) > 1 and size >= self.config.bulk.threshold_bytes:
                 queued = self._send_bulk(addr, frames, now)
                 if queued:
-                    self.sent_to[addr] += size
+                    self.sent_to.add(addr, size)
                 return queued
             if self.keyring is not None:
                 frames = seal_message(self.keyring, frames, time.time())
@@ -231,7 +261,7 @@ class Transport:
             return False
         self.messages_sent += 1
         self.bytes_sent += size
-        self.sent_to[addr] += size
+        self.sent_to.add(addr, size)
         return True
 
     def _send_bulk(self, addr: str, frames: list, now: float) -> bool:
@@ -246,6 +276,11 @@ class Transport:
         self.messages_sent += 1
         self._pump(addr, stream, now)
         return True
+
+    @property
+    def peer_sockets(self) -> int:
+        """Peers this node holds sockets to (at most ``max_peer_sockets``)."""
+        return len(self._last_used)
 
     def _evict_peer(self) -> None:
         """Make room in the socket table: close the least recently used peer's sockets, not a
