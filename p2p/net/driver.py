@@ -203,9 +203,10 @@ class NetworkDriver:
 
     def _handle(self, incoming: Incoming) -> None:
         now = time.monotonic()
+        if incoming.error is not None:  # (not re-raised: its traceback would hold ``incoming``, a cycle)
+            self._reject(incoming.error, now)
+            return
         try:
-            if incoming.error is not None:
-                raise incoming.error
             src, msg = decode(incoming.frames, incoming.limits(self.limits))
             self.received_from.add(src, sum(_frame_bytes(f) for f in incoming.frames))
             if isinstance(msg, StatusRequest):
@@ -219,16 +220,19 @@ class NetworkDriver:
                 return
             sends = self.peer.receive(src, msg, now)
         except RemoteProtocolError as exc:
-            self.rejected[exc.reason] += 1
-            total = sum(self.rejected.values())
-            # The first of each reason, then at most one line per REJECT_LOG_EVERY_S: a flood (an
-            # outsider hammering a sealed swarm) stays a few lines, and the counters say the rest.
-            if self.rejected[exc.reason] == 1 or now >= self._next_reject_log:
-                self._next_reject_log = now + REJECT_LOG_EVERY_S
-                event("rejected", f"rejected message ({exc}), {total} rejected so far ({dict(self.rejected)})",
-                      logging.WARNING, reason=exc.reason, detail=exc.detail, total=total)
+            self._reject(exc, now)
             return
         self._send_all(sends)
+
+    def _reject(self, exc: RemoteProtocolError, now: float) -> None:
+        self.rejected[exc.reason] += 1
+        total = sum(self.rejected.values())
+        # The first of each reason, then at most one line per REJECT_LOG_EVERY_S: a flood (an
+        # outsider hammering a sealed swarm) stays a few lines, and the counters say the rest.
+        if self.rejected[exc.reason] == 1 or now >= self._next_reject_log:
+            self._next_reject_log = now + REJECT_LOG_EVERY_S
+            event("rejected", f"rejected message ({exc}), {total} rejected so far ({dict(self.rejected)})",
+                  logging.WARNING, reason=exc.reason, detail=exc.detail, total=total)
 
     def _send_all(self, sends: list[Send]) -> None:
         now = time.monotonic()

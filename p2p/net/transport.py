@@ -516,7 +516,7 @@ class Transport:
             try:
                 frames = reader.advance(got, now)
             except RemoteProtocolError as exc:
-                out.append(Incoming(stream.identity, None, exc))
+                out.append(Incoming(stream.identity, None, exc.with_traceback(None)))  # (no cycle via ``out``)
                 self._close_in(stream)
                 return
             if not reader.mid_message():
@@ -547,7 +547,7 @@ class Transport:
             try:
                 frames = open_message(self.keyring, self.guard, frames, time.time())
             except RemoteProtocolError as exc:
-                return Incoming(identity, None, exc)
+                return Incoming(identity, None, exc.with_traceback(None))  # (nor the frames kept by it)
         return Incoming(identity, frames)
 
     def done(self, incoming: Incoming) -> None:
