@@ -20,7 +20,7 @@ ARGS = ["--task", "synthetic", "--membership", "local", "--algorithm", "adpsgd",
         "--join-timeout", "60"]
 # Small, to run in well under a minute on 2 cores; the slow senders need the node's 10 s grace.
 BUDGET = Budget(control=3000, bulk=300, slow=4, slow_control=2, slow_max_s=25.0, flood=100, flood_hold_s=0.5,
-                bulk_workers=8, dealers=2)
+                bulk_workers=8, dealers=2, settle_s=2.0)
 GRACE_S, HANDSHAKE_S = 10.0, 10.0  # BulkConfig.slow_grace_s, TransportConfig.handshake_ms
 SEAL_REASONS = {"unauthenticated", "no_key", "bad_key", "replay"}
 
@@ -37,7 +37,7 @@ def fuzz_a_training_pair(tmp_path, swarm_key=None):
         swarm.start()
         wait_until(lambda: (s := swarm.status(0)) and s["step"] > 0 and s["averaging"].get("exchanges_completed", 0)
                    + s["averaging"].get("requests_served", 0) > 3, 60, what="the pair to train and exchange")
-        report = fuzz_node(swarm.addrs[0], swarm.procs[0].pid, SAMPLES + GOSSIP_SAMPLES, BUDGET, seed=1,
+        report = fuzz_node(swarm.addrs[0], swarm.procs[0].pid, swarm.addrs[1], SAMPLES + GOSSIP_SAMPLES, BUDGET, seed=1,
                            keyring=swarm.keyring)
         alive = swarm.alive(0)
         honest = swarm.status(1, timeout_s=5.0)
@@ -48,22 +48,22 @@ def check_bounds(report, alive, honest, addrs):
     sent, before, after = report.sent, report.before.info, report.after.info
     assert alive and after["step"] > before["step"] + 10  # still training
     assert sum(sent.control.values()) == BUDGET.control and sum(sent.bulk.values()) == BUDGET.bulk, sent
-    # The honest peer kept exchanging with it in every third of the run.
-    assert min(report.exchanges_by_window(3)) > 0, report.exchanges_by_window(3)
+    # The honest peer kept exchanging with it all along (in every 5 s of the run).
+    assert min(report.exchanges_by_window(5.0)) > 0, report.exchanges_by_window(5.0)
     assert honest["received_from"].get(addrs[0], 0) > 0
     # Slow senders: every trickling bulk connection cut off after the grace; the ZeroMQ ones
     # dropped by the handshake timeout.
     assert sent.slow_not_closed == 0 and sent.slow_control_not_closed == 0, sent
     assert all(GRACE_S <= t <= GRACE_S + 5 for t in sent.slow_closed_after_s), sent.slow_closed_after_s
     assert all(t <= HANDSHAKE_S + 5 for t in sent.slow_control_closed_after_s), sent.slow_control_closed_after_s
-    assert report.delta("bulk_slow_closed") == BUDGET.slow
-    # Bounded: memory and file descriptors. During the flood the node holds at most
-    # max_connections (256) bulk connections plus the ZeroMQ ones libzmq accepted; afterwards
-    # it is back where it started.
+    assert len(sent.slow_closed_after_s) >= BUDGET.slow
+    assert report.delta("bulk_slow_closed") == len(sent.slow_closed_after_s)
+    # Bounded: memory and file descriptors. During a flood the node holds its connections (at
+    # most max_connections, 256, to the bulk port), beside 2 fds per socket to a made-up sender
+    # it answered (those close when idle); afterwards it is back where it started but for those.
     assert report.rss_growth < 0.10, (report.before.rss, report.after.rss)
-    assert report.max_fds <= report.before.fds + 2 * BUDGET.flood + 64, (report.before.fds, report.max_fds)
-    # (sockets to the made-up senders the node answered close when idle: 2 fds each meanwhile)
     opened = report.delta("peer_sockets")
+    assert report.max_fds <= report.before.fds + 2 * BUDGET.flood + 2 * opened + 64, (report.before.fds, report.max_fds)
     assert report.after.fds <= report.before.fds + 2 * opened + 8, (report.before.fds, report.after.fds, opened)
     assert report.after.info["peer_sockets"] <= 256  # TransportConfig.max_peer_sockets
     assert report.delta("bulk_connections_refused") == 0
