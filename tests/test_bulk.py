@@ -456,3 +456,60 @@ def test_a_rotated_out_key_loses_its_open_bulk_connections():
     finally:
         a.close()
         b.close()
+
+
+def test_a_sender_trickling_a_message_is_cut_off_after_the_grace():
+    """A byte now and then is progress (never a stall), so only the rate check frees the slot."""
+    (b_port,) = free_ports(1)
+    b = Transport(TransportConfig(bulk=BulkConfig(slow_grace_s=10.0, min_rate_bytes_per_s=1024)), f"127.0.0.1:{b_port}")
+    try:
+        data = wire_bytes(AvgRequest(1, 0, "k", np.ones(100_000, dtype=np.float32)))
+        with socket.create_connection(("127.0.0.1", b_port + 1)) as slow, \
+                socket.create_connection(("127.0.0.1", b_port + 1)) as fast:
+            slow.sendall(data[:100])
+            fast.sendall(data[:20_000])
+            deadline = time.monotonic() + 5
+            while b.bytes_received < 20_100 and time.monotonic() < deadline:
+                b.receive(0.05, 0.0)  # (the transport's clock is ours to drive)
+            b.housekeeping(9.0)
+            assert b.slow_closed == 0 and len(b._in) == 2  # within the grace
+            b.housekeeping(11.0)  # 100 B in 11 s: too slow; 20 kB in 11 s: fast enough
+            assert b.slow_closed == 1 and len(b._in) == 1
+            fast.sendall(data[20_000:])
+            got = []
+            while not got and time.monotonic() < deadline:
+                got += b.receive(0.05, 12.0)
+            assert got[0].error is None and decode(got[0].frames)[1].exchange == 1
+            b.housekeeping(60.0)  # between messages: an idle connection is not slow
+            assert b.slow_closed == 1 and len(b._in) == 1
+    finally:
+        b.close()
+
+
+def test_spoofed_sender_addresses_cannot_grow_the_socket_table_past_its_cap():
+    (a_port,) = free_ports(1)
+    a = Transport(TransportConfig(max_peer_sockets=4), f"127.0.0.1:{a_port}")
+    try:
+        neighbour = "127.0.0.1:9"
+        a.send(neighbour, encode(StatusRequest(), "x:1"), 0.0)
+        a.housekeeping(0.0, keep=[neighbour])
+        for i in range(20):  # answers to 20 made-up senders, each sent to once
+            a.send(f"127.0.0.1:{20000 + i}", encode(StatusRequest(), "x:1"), 1.0 + i)
+        assert len(a._control) == 4 and len(a._last_used) == 4
+        assert a.peer_sockets_evicted == 17
+        assert neighbour in a._control  # the least recently used, but a neighbour: kept
+    finally:
+        a.close()
+
+
+def test_per_address_counts_keep_the_largest_and_fold_made_up_senders_into_one_entry():
+    from p2p.net.transport import TopCounts
+
+    counts = TopCounts(keep=3)
+    for peer in ("a:1", "b:1"):
+        counts.add(peer, 1_000_000)
+    for i in range(1000):  # a flood of senders that each sent one small message
+        counts.add(f"spoof:{i}", 10)
+    assert len(counts) <= 2 * 3 + 1
+    assert counts["a:1"] == counts["b:1"] == 1_000_000  # the real peers stay on top
+    assert sum(counts.values()) == 2_000_000 + 10_000 and counts[TopCounts.OTHERS] > 0

@@ -59,6 +59,11 @@ class BulkConfig:
     threshold_bytes: int = 256 * 1024  # messages at least this large travel on the bulk stream
     max_pending_per_peer: int = 2  # large messages queued for one peer before sends drop
     stall_timeout_s: float = 30.0  # a transfer that makes no progress this long is dropped
+    # A sender that trickles (a byte now and then: progress, so never stalled) would hold its
+    # connection, a file descriptor and a slot of ``max_connections`` for ever: once a message
+    # has been arriving for ``slow_grace_s``, it must average at least ``min_rate_bytes_per_s``.
+    slow_grace_s: float = 10.0
+    min_rate_bytes_per_s: float = 1024.0
     max_connections: int = 256  # inbound bulk connections kept open at once
     max_header_bytes: int = 64 * 1024  # a bulk message's wire header (a few hundred bytes in practice)
     pool_buffers: int = 4  # receive buffers kept for reuse (fresh memory costs page faults)

@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import zmq
 
+from p2p.net.heap import release_free_memory
 from p2p.net.keyring import KeyFile
 from p2p.net.control import ModelReply, ModelRequest, StateReply, StateRequest, StatusReply, StatusRequest
 from p2p.events import event
 from p2p.peer import Peer
 from p2p.protocol import RemoteProtocolError, Send
-from p2p.net.transport import Incoming, Transport
+from p2p.net.transport import Incoming, TopCounts, Transport
 from p2p.wire import DEFAULT_LIMITS, Limits, decode, encode
 
 if TYPE_CHECKING:  # the trainer's side of the averager's hooks (p2p/training/step_hooks.py)
@@ -35,6 +36,10 @@ if TYPE_CHECKING:  # the trainer's side of the averager's hooks (p2p/training/st
 
 log = logging.getLogger("p2p.net.driver")
 REJECT_LOG_EVERY_S = 10.0  # rejected messages: one log line per this long (and the first of each reason)
+# Give the heap's free memory back (p2p/net/heap.py) every TRIM_EVERY_S while messages arrive
+# at TRIM_AFTER_MESSAGES or more a period (a flood), and once more in the period after one ends.
+TRIM_EVERY_S = 5.0
+TRIM_AFTER_MESSAGES = 5_000
 T = TypeVar("T")
 
 
@@ -78,8 +83,11 @@ class NetworkDriver:
         self.finished = threading.Event()
         self.error: BaseException | None = None
         self.last_turn = time.monotonic()  # when the loop last went round (-inf once it ended): health
-        self.received_from: Counter[str] = Counter()  # bytes of decoded messages, by sender address
+        self.received_from = TopCounts()  # bytes of decoded messages, by sender address
         self._next_housekeeping = 0.0
+        self._next_trim = 0.0
+        self._trim_count = 0  # transport.messages_received at the last check
+        self._flooded = False  # the last period was a flood: trim once more after it
         self._thread = threading.Thread(target=self._run, name="p2p-network", daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -177,6 +185,8 @@ class NetworkDriver:
             if now >= self._next_housekeeping:
                 self.transport.housekeeping(now, self.peer.neighbours())
                 self._reload_keys()
+                if now >= self._next_trim:
+                    self._trim_heap(now)
                 self._next_housekeeping = now + 1.0
             if self.hooks is not None:
                 self._send_all(self.hooks.service(now, self.peer.neighbours))
@@ -187,6 +197,13 @@ class NetworkDriver:
             self.transport.poller.unregister(self.hooks.wake_socket)
         self._send_all(self.peer.leave(time.monotonic()))
         self.transport.close(linger_s=0.5)  # give the leave announcements a moment to go out
+
+    def _trim_heap(self, now: float) -> None:
+        flood = self.transport.messages_received - self._trim_count >= TRIM_AFTER_MESSAGES
+        if flood or self._flooded:
+            release_free_memory()
+        self._flooded, self._trim_count = flood, self.transport.messages_received
+        self._next_trim = now + TRIM_EVERY_S
 
     def _reload_keys(self) -> None:
         """Key rotation without a restart: take the key file's new keys (a stat per second)."""
@@ -203,11 +220,12 @@ class NetworkDriver:
 
     def _handle(self, incoming: Incoming) -> None:
         now = time.monotonic()
+        if incoming.error is not None:  # (not re-raised: its traceback would hold ``incoming``, a cycle)
+            self._reject(incoming.error, now)
+            return
         try:
-            if incoming.error is not None:
-                raise incoming.error
             src, msg = decode(incoming.frames, incoming.limits(self.limits))
-            self.received_from[src] += sum(_frame_bytes(f) for f in incoming.frames)
+            self.received_from.add(src, sum(_frame_bytes(f) for f in incoming.frames))
             if isinstance(msg, StatusRequest):
                 self.transport.reply(incoming.identity, encode(StatusReply(self.status_info()), self.advertise))
                 return
@@ -219,16 +237,19 @@ class NetworkDriver:
                 return
             sends = self.peer.receive(src, msg, now)
         except RemoteProtocolError as exc:
-            self.rejected[exc.reason] += 1
-            total = sum(self.rejected.values())
-            # The first of each reason, then at most one line per REJECT_LOG_EVERY_S: a flood (an
-            # outsider hammering a sealed swarm) stays a few lines, and the counters say the rest.
-            if self.rejected[exc.reason] == 1 or now >= self._next_reject_log:
-                self._next_reject_log = now + REJECT_LOG_EVERY_S
-                event("rejected", f"rejected message ({exc}), {total} rejected so far ({dict(self.rejected)})",
-                      logging.WARNING, reason=exc.reason, detail=exc.detail, total=total)
+            self._reject(exc, now)
             return
         self._send_all(sends)
+
+    def _reject(self, exc: RemoteProtocolError, now: float) -> None:
+        self.rejected[exc.reason] += 1
+        total = sum(self.rejected.values())
+        # The first of each reason, then at most one line per REJECT_LOG_EVERY_S: a flood (an
+        # outsider hammering a sealed swarm) stays a few lines, and the counters say the rest.
+        if self.rejected[exc.reason] == 1 or now >= self._next_reject_log:
+            self._next_reject_log = now + REJECT_LOG_EVERY_S
+            event("rejected", f"rejected message ({exc}), {total} rejected so far ({dict(self.rejected)})",
+                  logging.WARNING, reason=exc.reason, detail=exc.detail, total=total)
 
     def _send_all(self, sends: list[Send]) -> None:
         now = time.monotonic()

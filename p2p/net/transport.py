@@ -24,6 +24,15 @@ limits checked before any payload arrives), and a cap on inbound bulk connection
 reconnects by itself; a bulk connection that fails is re-dialled on the next large send
 (after ``reconnect_ivl_ms``). Sockets to peers unused for ``idle_close_s`` are closed.
 
+File descriptors stay bounded too, whatever peers claim or how slowly they send: the node
+answers whatever address a message names as its sender, so the sockets to peers are capped at
+``max_peer_sockets`` (the least recently used closes first: spoofed sender addresses cannot
+grow the table without bound); and an inbound bulk message that, after ``bulk.slow_grace_s``,
+has averaged less than ``bulk.min_rate_bytes_per_s`` is cut off (a trickling sender cannot hold
+a connection, and one of the ``max_connections`` slots, for ever). A connection to the ZeroMQ
+port that does not finish its greeting within ``handshake_ms`` is closed by libzmq (it accepts
+every connection: its count is bounded only by the rate of connections times that timeout).
+
 With a swarm key (``keyring``), every message on both channels is sealed and opened here
 (p2p/net/seal.py): control messages one by one, the bulk stream as records sealed just before
 they are written (so a message dropped from the queue unsent never consumes a record number).
@@ -58,11 +67,14 @@ class TransportError(RuntimeError):
 @dataclass(frozen=True)
 class TransportConfig:
     send_hwm: int = 16  # queued outgoing messages per peer connection before sends drop
+    reply_hwm: int = 4  # replies queued for one client (it asks one thing at a time) before replies drop
     recv_hwm: int = 256  # queued incoming messages before ZeroMQ pushes back
     max_message_bytes: int = 2 * 1024 * 1024 * 1024  # inbound message limit
     reconnect_ivl_ms: int = 100  # first reconnect delay after a peer drops
     reconnect_ivl_max_ms: int = 2000  # reconnect backoff cap
     idle_close_s: float = 120.0  # close the sockets to a peer not sent to for this long
+    max_peer_sockets: int = 256  # peers with open sockets (ZeroMQ and bulk) at once; LRU closes first
+    handshake_ms: int = 10_000  # an inbound ZeroMQ connection that has not said hello by then is closed
     bulk: BulkConfig = field(default_factory=BulkConfig)
 
 
@@ -78,6 +90,35 @@ class Incoming:
     def limits(self, limits: Limits) -> Limits:
         """The limits to ``decode`` it with: without the NaN/Inf pass the reader already made."""
         return replace(limits, check_finite=False) if self.finite_checked and limits.check_finite else limits
+
+
+class TopCounts(Counter):
+    """Counts by peer address for at most about ``keep`` addresses: past twice that many, all but
+    the ``keep`` largest are folded into one ``OTHERS`` entry. A node answers and counts whatever
+    sender address a message names, so made-up ones must not grow this (the status, the metrics'
+    label sets) without bound; real peers, with their steady traffic, stay on top."""
+
+    OTHERS = "(others)"
+
+    def __init__(self, keep: int = 512) -> None:
+        super().__init__()
+        self.keep = keep
+
+    def add(self, key: str, n: int) -> None:
+        self[key] += n
+        if len(self) > 2 * self.keep:
+            ranked = self.most_common()
+            folded = sum(count for _, count in ranked[self.keep:])
+            self.clear()
+            self.update(dict(ranked[:self.keep]))
+            self[self.OTHERS] += folded
+
+
+def _detached(exc: RemoteProtocolError) -> RemoteProtocolError:
+    """The rejection without its traceback and context (the error it was raised from): those
+    hold the frames it passed through, whose locals hold the list it is put in, a reference
+    cycle left to the collector's rare full passes while a flood of rejections piles them up."""
+    return RemoteProtocolError(exc.reason, exc.detail)
 
 
 def _nbytes(frame: Union[bytes, memoryview, zmq.Frame]) -> int:
@@ -116,6 +157,8 @@ class _InStream:
     sock: socket.socket
     reader: Union[StreamReader, SealedReader]
     identity: bytes
+    started: Optional[float] = None  # when the message now arriving began (None: between messages)
+    got: int = 0  # bytes of it so far (the rate ``housekeeping`` holds it to)
 
 
 def _listen_socket(listen: str) -> socket.socket:
@@ -143,8 +186,12 @@ class Transport:
         self.router = self.context.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.RCVHWM, config.recv_hwm)
+        # A client that asks and never reads would otherwise have libzmq keep 1000 replies (a
+        # model each, for ``p2p export``) per connection.
+        self.router.setsockopt(zmq.SNDHWM, config.reply_hwm)
         self.router.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client raises, we count it
+        self.router.setsockopt(zmq.HANDSHAKE_IVL, config.handshake_ms)  # (libzmq's default: 30 s)
         try:
             self.router.bind(to_endpoint(listen))
         except zmq.ZMQError as exc:
@@ -166,7 +213,8 @@ class Transport:
         self._control: dict[str, zmq.Socket] = {}
         self._out: dict[str, _OutStream] = {}
         self._in: dict[socket.socket, _InStream] = {}
-        self._last_used: dict[str, float] = {}
+        self._last_used: dict[str, float] = {}  # the peers with sockets: when each was last sent to
+        self._keep: set[str] = set()  # the neighbours named at the last housekeeping (never idle-closed)
         self._transfer_ids = itertools.count(1)
         self.pool = BufferPool(config.bulk.pool_buffers)
         self.bytes_sent = 0
@@ -177,7 +225,9 @@ class Transport:
         self.transfers_abandoned = 0
         self.connections_refused = 0  # inbound bulk connections beyond ``max_connections``
         self.streams_closed_by_peer = 0  # idle outgoing streams the receiver closed (it died, restarted)
-        self.sent_to: Counter[str] = Counter()  # bytes of messages accepted for sending, by address
+        self.slow_closed = 0  # inbound bulk connections cut off for sending too slowly
+        self.peer_sockets_evicted = 0  # peers' sockets closed to stay within ``max_peer_sockets``
+        self.sent_to = TopCounts()  # bytes of messages accepted for sending, by address
 
     # -- sockets --------------------------------------------------------------------------
     def _socket(self, addr: str) -> zmq.Socket:
@@ -189,20 +239,26 @@ class Transport:
             sock.setsockopt(zmq.RECONNECT_IVL, self.config.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self.config.reconnect_ivl_max_ms)
             sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
-            sock.connect(to_endpoint(addr))
+            try:
+                sock.connect(to_endpoint(addr))
+            except (zmq.ZMQError, ValueError):  # not an address (a peer may name anything): no socket kept
+                sock.close(linger=0)
+                raise
             self._control[addr] = sock
         return sock
 
     # -- sending --------------------------------------------------------------------------
     def send(self, addr: str, frames: list, now: float) -> bool:
         """Send ``frames`` to ``addr`` without blocking; False (and counted) if dropped."""
+        if addr not in self._last_used and len(self._last_used) >= self.config.max_peer_sockets:
+            self._evict_peer()
         self._last_used[addr] = now
         size = sum(_nbytes(f) for f in frames)
         try:
             if len(frames) > 1 and size >= self.config.bulk.threshold_bytes:
                 queued = self._send_bulk(addr, frames, now)
                 if queued:
-                    self.sent_to[addr] += size
+                    self.sent_to.add(addr, size)
                 return queued
             if self.keyring is not None:
                 frames = seal_message(self.keyring, frames, time.time())
@@ -216,7 +272,7 @@ class Transport:
             return False
         self.messages_sent += 1
         self.bytes_sent += size
-        self.sent_to[addr] += size
+        self.sent_to.add(addr, size)
         return True
 
     def _send_bulk(self, addr: str, frames: list, now: float) -> bool:
@@ -231,6 +287,19 @@ class Transport:
         self.messages_sent += 1
         self._pump(addr, stream, now)
         return True
+
+    @property
+    def peer_sockets(self) -> int:
+        """Peers this node holds sockets to (at most ``max_peer_sockets``)."""
+        return len(self._last_used)
+
+    def _evict_peer(self) -> None:
+        """Make room in the socket table: close the least recently used peer's sockets, not a
+        neighbour's while another will do (a flood of spoofed senders must not cost the
+        neighbours their connections)."""
+        others = [a for a in self._last_used if a not in self._keep] or list(self._last_used)
+        self._close_peer(min(others, key=self._last_used.__getitem__))
+        self.peer_sockets_evicted += 1
 
     def _dial(self, addr: str, stream: _OutStream, now: float) -> None:
         """Start a non-blocking connect to ``addr``'s bulk port (completion shows as POLLOUT)."""
@@ -452,12 +521,17 @@ class Transport:
                 self._close_in(stream)
                 return
             self.bytes_received += got
+            if stream.started is None:
+                stream.started, stream.got = now, 0
+            stream.got += got
             try:
                 frames = reader.advance(got, now)
             except RemoteProtocolError as exc:
-                out.append(Incoming(stream.identity, None, exc))
+                out.append(Incoming(stream.identity, None, _detached(exc)))
                 self._close_in(stream)
                 return
+            if not reader.mid_message():
+                stream.started = None
             if frames is not None:
                 self.messages_received += 1
                 if reader.non_finite:
@@ -484,7 +558,7 @@ class Transport:
             try:
                 frames = open_message(self.keyring, self.guard, frames, time.time())
             except RemoteProtocolError as exc:
-                return Incoming(identity, None, exc)
+                return Incoming(identity, None, _detached(exc))
         return Incoming(identity, frames)
 
     def done(self, incoming: Incoming) -> None:
@@ -495,22 +569,32 @@ class Transport:
     # -- housekeeping ---------------------------------------------------------------------
     def housekeeping(self, now: float, keep: Iterable[str] = ()) -> None:
         """Drop stalled inbound transfers; close sockets to peers idle for ``idle_close_s``."""
-        stall = self.config.bulk.stall_timeout_s
+        cfg = self.config.bulk
         for stream in list(self._in.values()):
-            if stream.reader.mid_message() and now - stream.reader.last_progress > stall:
+            if stream.reader.mid_message() and now - stream.reader.last_progress > cfg.stall_timeout_s:
                 self.transfers_abandoned += 1
                 self._close_in(stream)
-        keep = set(keep)
+            elif stream.started is not None and now - stream.started > cfg.slow_grace_s \
+                    and stream.got < cfg.min_rate_bytes_per_s * (now - stream.started):
+                self.slow_closed += 1
+                self._close_in(stream)
+        self._keep = keep = set(keep)
         for addr, last in list(self._last_used.items()):
             out = self._out.get(addr)
             if addr not in keep and now - last > self.config.idle_close_s and not (out and out.queue):
-                sock = self._control.pop(addr, None)
-                if sock is not None:
-                    sock.close(linger=0)
-                if out is not None and out.sock is not None:
-                    out.sock.close()
-                self._out.pop(addr, None)
-                del self._last_used[addr]
+                self._close_peer(addr)
+
+    def _close_peer(self, addr: str) -> None:
+        """Close the sockets to ``addr`` (a message still queued for it is abandoned)."""
+        sock = self._control.pop(addr, None)
+        if sock is not None:
+            sock.close(linger=0)
+        out = self._out.pop(addr, None)
+        if out is not None:
+            if out.sock is not None:
+                out.sock.close()
+            self.transfers_abandoned += len(out.queue)
+        del self._last_used[addr]
 
     def close(self, linger_s: Optional[float] = None) -> None:
         linger = 0 if linger_s is None else int(linger_s * 1000)
