@@ -431,3 +431,25 @@ def test_a_pull_whose_outer_steps_no_longer_match_the_donors_is_dropped_not_land
     assert p3.stats["repairs_diverged"] == 1, p3.stats
     assert p3.stats["repairs_completed"] == 1
     assert agree(s, s.names)
+
+
+def test_a_finished_peer_serves_rounds_with_an_exactly_zero_pseudo_gradient():
+    # Its model is theta_start up to the last outer step's rounding; a near-zero Delta would
+    # pull the consistent screen's median to ~0 and get every peer still training refused
+    # (robust.py, median_of_nonzero). Exact zeros are left out of the radius.
+    s = Swarm(starts(2), codec="none", robust=True)
+    rng = np.random.default_rng(51)
+    s.outer_round(rng)
+    p0, p1 = s.alg("p0"), s.alg("p1")
+    p0.training_done(s.peers["p0"][0].step, s.now)
+    port1 = s.peers["p1"][0]
+    port1.x -= rng.standard_normal(N).astype(np.float32) * np.float32(0.01)
+    port1.step += H
+    shares = p1.after_step(port1.step, s.now, ["p0"])
+    served = []
+    for share in shares:
+        p0.receive("p1", decode([bytes(f) for f in encode(share.msg, "p1")])[1], s.now, ["p1"])
+    served += [x.msg for x in p0.tick(s.now, ["p1"])]
+    deltas = [m.delta for m in served if hasattr(m, "delta")]
+    assert deltas and all(not d.any() for d in deltas)
+    assert p0.stats["rounds_served"] == 1

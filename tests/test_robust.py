@@ -15,7 +15,7 @@ from p2p.averaging.base import AveragingConfig
 from p2p.averaging.diloco import DiLoCo, DiLoCoConfig
 from p2p.averaging.hostile import HOSTILE_MODES, Hostile
 from p2p.averaging.registry import make_averager
-from p2p.averaging.robust import REFUSED, RobustConfig, RobustMixing
+from p2p.averaging.robust import REFUSED, RobustConfig, RobustMixing, clipped_mean
 from p2p.config import SettingError, swarm_config
 from p2p.gossip import ALIVE, Membership, MembershipConfig
 from p2p.peer import Peer
@@ -223,6 +223,29 @@ def test_diloco_refuses_a_scaled_pseudo_gradient_and_mixes_the_honest_ones():
         # the refused one left out, every honest peer takes the same step, on the honest mean.
         mine = start - port.x  # after the outer step with lr 1, momentum 0: start - mixed Delta
         np.testing.assert_allclose(mine, honest_mean, rtol=1e-4, atol=1e-5)
+
+
+def test_the_consistent_screen_ignores_finished_peers_zeros_and_still_refuses_a_scaled_one():
+    # DiLoCo on full, late in a run: three of five peers finished and serve zero
+    # pseudo-gradients. Their zeros must not shrink the radius to nothing (every peer still
+    # training was refused: bench/hostile.py's clean run), and a x100 one is still refused.
+    rng = np.random.default_rng(5)
+    h = [rng.normal(size=64).astype(np.float32) for _ in range(3)]
+    zero = np.zeros(64, np.float32)
+    robust = RobustMixing(True, {})
+    norms = [("a", 0.0), ("b", 0.0), ("c", 0.0), ("d", float(np.linalg.norm(h[0]))), ("", float(np.linalg.norm(h[1])))]
+    assert robust.screen_set("delta", norms, 0.0) == set()
+    mean, clipped = clipped_mean([zero, zero, zero, h[0], h[1]], 2.0)
+    np.testing.assert_allclose(mean, (h[0] + h[1]) / 5, rtol=1e-6)
+    assert clipped == 0
+    norms[2] = ("c", 100 * float(np.linalg.norm(h[2])))
+    assert robust.screen_set("delta", norms, 0.0) == {"c"}
+    assert robust.stats["robust_refused"] == 1
+    # The same set gives the same answer to whoever holds it, in any order.
+    a, n1 = clipped_mean([h[0], 5 * h[1], h[2]], 2.0)
+    b, n2 = clipped_mean([h[2], h[0], 5 * h[1]], 2.0)
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert n1 == n2 == 1
 
 
 @pytest.mark.parametrize("algorithm", ["dpsgd", "adpsgd", "sgp", "elastic", "gossipgrad", "diloco", "choco"])

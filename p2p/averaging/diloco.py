@@ -351,8 +351,10 @@ class DiLoCo(AsynchronousHooks):
         served = self._rounds.serve_round()
         if served is None:
             return
-        # No inner steps since the last outer step: Delta is zero (the model is theta_start).
-        self._set_payload(self._start, self._start - self.port.snapshot(), self._momentum)
+        # No inner steps since the last outer step: Delta is zero (the model is theta_start, up
+        # to the rounding of the last outer step: sent as an exact zero, robust.py's median
+        # leaves it out).
+        self._set_payload(self._start, np.zeros_like(self._start), self._momentum)
         self._syncing, self._serving, self._continue_at = True, served, now
         self.stats["rounds_served"] += 1
 

@@ -48,8 +48,9 @@ then needs a 13 MB repair; issue 16). For these rounds the rule is a function of
 vectors alone, after centered clipping (Karimireddy, He, Jaggi, "Learning from History for
 Byzantine Robust Optimization", ICML 2021, Sec. 3) with the centre at zero and the radius from
 the round's own median: first refuse any vector whose norm is beyond ``refuse_factor`` x tau
-(tau = ``factor`` x the median norm of all of them, ours included; a strike, as above), then
-clip the rest to ``factor`` x the median norm of what is left and take the plain mean
+(tau = ``factor`` x the median norm of all of them, ours included, zeros left out: a finished
+peer's; a strike, as above), then clip the rest to ``factor`` x the median norm of what is
+left and take the plain mean
 (``clipped_mean``). Every peer that got the same shares computes the same step; a peer that
 missed one can recompute the reference's step from the senders it names (DiLoCo's replay
 repair). A pseudo-gradient scaled by 100 is refused; noise or a sign flip of a plausible norm
@@ -182,7 +183,7 @@ class RobustMixing:
         if not self.enabled or len(norms) < 3:  # no majority to judge by
             return set()
         cfg = self.config
-        tau = cfg.factor * float(np.median([n for _, n in norms if np.isfinite(n)] or [0.0]))
+        tau = cfg.factor * median_of_nonzero([n for _, n in norms if np.isfinite(n)])
         self.tau[channel] = tau
         refused = set()
         for src, norm in norms:
@@ -249,7 +250,7 @@ def clipped_mean(vectors: Sequence[np.ndarray], factor: float) -> tuple[np.ndarr
     function of the set alone: whoever holds the same vectors gets the same mean, bit for bit
     when summed in the same order (callers sort by sender)."""
     norms = [float(np.linalg.norm(v)) for v in vectors]
-    tau = factor * float(np.median(norms)) if norms else 0.0
+    tau = factor * median_of_nonzero(norms)
     total = np.zeros_like(vectors[0])
     clipped = 0
     for v, n in zip(vectors, norms):
@@ -259,3 +260,13 @@ def clipped_mean(vectors: Sequence[np.ndarray], factor: float) -> tuple[np.ndarr
         else:
             total += v
     return total / np.float32(len(vectors)), clipped
+
+
+def median_of_nonzero(norms: Sequence[float]) -> float:
+    """The median of the norms that are not zero (0.0 if none). A DiLoCo peer that finished
+    training serves rounds with a zero pseudo-gradient: counted in the median, a swarm where
+    most peers had finished took a radius of ~0 and refused every peer still training (seen
+    with bench/hostile.py: 20 honest shares refused in a clean run). Zeros move nobody, so
+    they are left out of the radius, not out of the mean; a minority cannot move a median."""
+    live = [n for n in norms if n > 0]
+    return float(np.median(live)) if live else 0.0
