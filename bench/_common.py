@@ -24,6 +24,17 @@ if str(ROOT) not in sys.path:  # run as `python bench/x.py` from anywhere: find 
     sys.path.insert(0, str(ROOT))
 
 
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned), or raise after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise RuntimeError(f"timed out after {timeout_s:g}s waiting for {what}")
+
+
 def worker_seed(run_seed: int, name: str) -> int:
     """Per-worker data-order seed (stable across processes), as p2p.training.node.peer_seed."""
     return zlib.crc32(f"{run_seed}:{name}".encode())

@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/fuzz_node.py`: find p2p an
     sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])  # the nodes too
 
+from _common import wait_for  # noqa: E402  (bench/, the script's folder)
 from p2p.harness.fuzz_live import Budget, Monitor, exchanges, fuzz_node  # noqa: E402
 from p2p.harness.local_swarm import LocalSwarm  # noqa: E402
 from p2p.net.keyring import new_key_line  # noqa: E402
@@ -37,16 +38,6 @@ from tests.wire_samples import SAMPLES  # noqa: E402
 ARGS = ["--task", "synthetic", "--membership", "local", "--algorithm", "adpsgd", "--log-every", "0",
         "--eval-every", "1", "--exchange-timeout", "1", "--linger", "-1", "--steps", "100000000",
         "--join-timeout", "60"]
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise SystemExit(f"timed out waiting for {what}")
 
 
 def run_mode(mode: str, budget: Budget, seed: int, calm_s: float, work: Path) -> bool:

@@ -39,7 +39,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import _common  # noqa: E402,F401  (puts the repository on sys.path)
+import _common  # noqa: E402  (puts the repository on sys.path)
 from slow_links_runs import _PROGRESS, LogTail  # noqa: E402
 
 from p2p.harness.lab import Lab, LabSwarm, parse_rate  # noqa: E402
@@ -65,16 +65,6 @@ def poll_status(addr: str) -> Optional[dict]:
         return None
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise RuntimeError(f"timed out after {timeout_s:g}s waiting for {what}")
-
-
 def sync_run(rate: Optional[str], donors: int, joiners: int, warmup: int, extra: list[str], log_dir: Path,
              idle: bool = False) -> list[dict]:
     """``donors`` train; past ``warmup`` steps (``idle``: once they stopped there and linger),
@@ -90,12 +80,12 @@ def sync_run(rate: Optional[str], donors: int, joiners: int, warmup: int, extra:
         try:
             for i in range(donors):
                 swarm.start_peer(i, [swarm.addrs[0]] if i else [])
-            wait_for(lambda: all((s := poll_status(swarm.addrs[i])) and s["step"] >= warmup
+            _common.wait_for(lambda: all((s := poll_status(swarm.addrs[i])) and s["step"] >= warmup
                                  and (not idle or s["phase"] == "lingering") for i in range(donors)),
                      600, f"the donors to pass step {warmup}")
             for j in range(donors, donors + joiners):
                 swarm.start_peer(j, [swarm.addrs[0]])
-            reports = [wait_for(lambda j=j: (s := poll_status(swarm.addrs[j])) and s["sync"].get("phase") == "done"
+            reports = [_common.wait_for(lambda j=j: (s := poll_status(swarm.addrs[j])) and s["sync"].get("phase") == "done"
                                 and s["sync"], 600, f"joiner {j} to sync") for j in range(donors, donors + joiners)]
         finally:
             swarm.stop(timeout_s=20.0)
