@@ -4,7 +4,7 @@
     training/, config         torch glue, the public Swarm, settings
     net/                      sockets and the driver
     sim/                      the deterministic simulators
-    gossip/ topology/ averaging/ compression/ wire peer protocol bandwidth   the pure core
+    gossip/ topology/ averaging/ compression/ statesync/ wire peer protocol bandwidth   the pure core
 
 Every import counts, also one inside a function; only ``if TYPE_CHECKING:`` blocks are exempt
 (type hints cost nothing at run time).
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "p2p"
-PURE = ["gossip", "topology", "averaging", "compression", "wire.py", "peer.py", "protocol.py", "bandwidth.py"]
+PURE = ["gossip", "topology", "averaging", "compression", "statesync", "wire.py", "peer.py", "protocol.py",
+        "bandwidth.py"]
 SIDE_EFFECTS = {"zmq", "torch", "threading", "socket", "time"}  # I/O, clocks, threads, torch
 UPPER = {"p2p.net", "p2p.training", "p2p.cli", "p2p.harness", "p2p.sim", "p2p.config"}
 
