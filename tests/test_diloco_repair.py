@@ -424,7 +424,7 @@ def test_a_pull_whose_outer_steps_no_longer_match_the_donors_is_dropped_not_land
 
     s = Swarm(starts(4, apart={3}), drop=drop, timeout_s=2.0)
     rng = np.random.default_rng(41)
-    held["until"] = s.now + 3.5
+    held["until"] = s.now + 4.9  # the second chunk comes after round 2's shares named round 1's sets
     for _ in range(6):
         s.outer_round(rng)
     p3 = s.alg("p3")
