@@ -128,6 +128,23 @@ def test_silence_is_not_nothing_fresher_the_joiner_asks_again():
     assert j.phase == DONE and j.outcome.step == 500
 
 
+def test_answers_only_from_members_still_joining_are_not_nothing_fresher():
+    """We join through a member that is syncing itself (it has nothing to give, step -1) while
+    the member with state is slow to answer: the joiner must not conclude that nobody is
+    fresher and start from a random model (seen in CI: it then pulled the swarm's model down)."""
+    a, b = Donor("a:1", step=500), Donor("b:1", step=0, servable=False, members=["a:1"])
+    net = Net(joiner(["b:1"], config=SyncConfig(chunk_bytes=1000, query_timeout_s=1.0)), [a, b], None)
+    net.down.add("a:1")  # stalled: what is sent to it goes nowhere
+    net.deliver("joiner", net.joiner.start(0.0))
+    for now in (1.1, 2.2, 3.3, 4.4):  # query timeouts pass with b's answer only
+        net.now = now
+        net.deliver("joiner", net.joiner.tick(now))
+        assert net.joiner.phase != DONE and net.joiner.error == "no member with state answered yet"
+    net.down.clear()
+    j = net.run(until=30)
+    assert j.phase == DONE and j.outcome.donor == "a:1" and j.outcome.step == 500
+
+
 def test_nothing_fresher_means_keep_our_own():
     j = Net(joiner(["a:1"], own_step=800), [Donor("a:1", step=800)], None).run()
     assert j.phase == DONE and j.outcome.data is None

@@ -6,7 +6,11 @@ Theory of operation. States: QUERYING -> TRANSFERRING -> DONE, or FAILED.
   members, which are asked too, up to ``max_candidates``. When everyone asked has answered, or
   ``query_timeout_s`` passed, choose a donor. Only offers for our model (same model key) with a
   step above our own count (a joiner with a fresher checkpoint keeps it). With none, the outcome
-  is DONE with no state: we are as fresh as anyone (a new swarm, or a restart of all of it).
+  is DONE with no state: we are as fresh as anyone (a new swarm, or a restart of all of it). That
+  takes an answer from a member that holds state: silence, or answers only from members still
+  joining themselves (step -1), mean "ask again" until the deadline (a joiner that joined through
+  a syncing member while the members with state were slow to answer started from a random model,
+  and dragged the finished swarm's model down; seen in CI).
 - Choosing: the freshest offer sets the bar; every donor within ``step_slack`` steps of it is as
   good, and among those each joiner prefers a different one (rendezvous hashing of the joiner's
   nonce with the donor's address), busy ones last. So simultaneous joiners spread over donors.
@@ -86,6 +90,7 @@ class StateJoiner:
         self._seeds = list(dict.fromkeys(seeds))
         self._asked: set[str] = set()
         self._answered: set[str] = set()
+        self._holders = 0  # answers from members that hold state (step >= 0), in this round of asking
         self._queries = 0  # SyncQuery sent in this round of asking
         self._offers: dict[str, _Offer] = {}
         self._failed: set[str] = set()  # donors given up on in this run (asked again after a re-query)
@@ -164,6 +169,7 @@ class StateJoiner:
             return []  # not an answer to us, a repeated one, or one too many
         self._asked.add(src)  # whatever we called it, we need not ask it again
         self.stats["offers"] += 1
+        self._holders += msg.step >= 0
         if msg.model_key == self.model_key and msg.step > self.own_step:
             self._offers[src] = _Offer(msg.step, msg.busy, msg.chunk_bytes)
         elif msg.step >= 0 and msg.model_key != self.model_key:
@@ -177,10 +183,11 @@ class StateJoiner:
     def _choose(self, now: float) -> list[Send]:
         candidates = {a: o for a, o in self._offers.items() if a not in self._failed and a not in self._excluded}
         if not candidates:
-            if not self._answered and not self._failed and now < self.deadline:
-                # Nobody answered yet: a socket still reconnecting to our address (we restarted),
-                # a member still starting. Silence is not "nobody is fresher": ask again.
-                self.error = "no member answered yet"
+            if not self._holders and not self._failed and now < self.deadline:
+                # Nobody with state answered yet: a socket still reconnecting to our address (we
+                # restarted), a member still starting, or only members that are joining themselves.
+                # Silence is not "nobody is fresher": ask again.
+                self.error = "no member with state answered yet"
                 return self._ask_again(now)
             if not self._offers and not self._failed:
                 self.phase, self.outcome = DONE, SyncOutcome(None)  # nobody fresher (or nobody at all): keep ours
@@ -210,6 +217,7 @@ class StateJoiner:
         self._failed.clear()
         self._asked.clear()
         self._answered = set()
+        self._holders = 0
         self._queries = 0
         self._offers.clear()
         self._query_until = math.inf
