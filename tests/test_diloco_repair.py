@@ -453,3 +453,30 @@ def test_a_finished_peer_serves_rounds_with_an_exactly_zero_pseudo_gradient():
     deltas = [m.delta for m in served if hasattr(m, "delta")]
     assert deltas and all(not d.any() for d in deltas)
     assert p0.stats["rounds_served"] == 1
+
+
+def test_a_finished_peer_whose_copy_is_apart_repairs_it_while_it_serves():
+    # It finished before the others' rounds ended (a late joiner's, say): serving rounds on a
+    # copy apart, it took every outer step on the wrong theta_start and ended far below the
+    # others (seen in CI). It pulls the reference's copy like a peer still training.
+    s = Swarm(starts(3, apart={0}))
+    rng = np.random.default_rng(52)
+    p0 = s.alg("p0")
+    p0.training_done(s.peers["p0"][0].step, s.now)
+    training = ("p1", "p2")
+    for _ in range(4):
+        for name in training:
+            port = s.peers[name][0]
+            port.x -= rng.standard_normal(N).astype(np.float32) * np.float32(0.01)
+            port.step += H
+        s.settle(s.now + 1.0)
+        for name in training:
+            s.send(name, s.alg(name).after_step(s.peers[name][0].step, s.now, s.others(name)))
+        while not all(s.alg(n).may_step(s.peers[n][0].step + 1, s.now) for n in training):
+            s.settle(s.now + 0.05)
+    s.settle(s.now + 10.0)
+    assert p0.stats["rounds_served"] >= 3 and p0.stats["repairs_completed"] == 1
+    assert all(s.alg(n).stats["repairs_started"] == 0 for n in training)
+    assert agree(s, s.names)
+    np.testing.assert_allclose(s.peers["p0"][0].x, p0.outer_parameters, atol=1e-4)  # its model is the swarm's
+

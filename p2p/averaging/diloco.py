@@ -414,7 +414,10 @@ class DiLoCo(AsynchronousHooks):
             if sketches_differ(self._sketch, sketch):
                 self.stats["copies_apart"] += 1
             sketches[src] = (sketch, step)
-        if self._params_every_round or self._done or not sketches or r < self._fresh_from or self._puller.active \
+        # A finished peer repairs too: it keeps serving rounds, and a copy apart would take every
+        # outer step it serves on the wrong theta_start (seen in CI: a peer that finished before a
+        # late joiner's rounds ended at 0.41 accuracy while the others agreed at 0.78).
+        if self._params_every_round or not sketches or r < self._fresh_from or self._puller.active \
                 or self._replay is not None:
             return  # sparse graphs mix theta_start in every round; one repair at a time
         me = self.self_addr or _SELF
