@@ -131,7 +131,8 @@ def test_invariant_checker_sees_a_membership_fed_a_lie_through_its_public_api():
     m.start([], 0.0)
     m.receive("h:2", PushPull("n2", True, True, ((ALIVE, "n2", "h:2", 0), (DEAD, "n1", "h:1", 7))), 0.0)
     m.receive("h:2", Gossip("n2", ((DEAD, "n1", "h:1", 8, "n2"), (DEAD, "n2", "h:2", 0, "n3"))), 0.0)
-    m.receive("h:2", Gossip("n2", ((ALIVE, "n2", "h:2", 0, ""),)), 0.0)  # stale: stays dead
+    m.tick(2.0)  # nothing answers our check of the rumour about n2: it stands (after our refutes: 1.5 s)
+    m.receive("h:2", Gossip("n2", ((ALIVE, "n2", "h:2", 0, ""),)), 2.0)  # stale: stays dead
     assert m.incarnation == 9 and m.member("n2").state == "dead"
     assert checker.checked >= 4
     # and the checker does fire when a (broken) table change is reported to it

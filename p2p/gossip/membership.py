@@ -24,6 +24,17 @@ its incarnation (to refute a suspicion, a death or a stale rumour about itself).
   ``push_pull_interval`` (scaled with log2 N). A joiner push-pulls its seeds, retrying with
   exponential backoff until one answers. Merging a remote table is memberlist's ``mergeState``:
   a remote DEAD is taken as a SUSPECT (so the member can refute), LEFT as LEFT.
+- Rumoured deaths are checked (issue 12: a hostile member must not get others declared dead
+  faster than SWIM's refutation allows). memberlist takes a gossiped DEAD, or anyone's LEFT, as
+  a verdict: one member that says "X is dead" or "X left" removes X from every view at once.
+  Here such a rumour about a member we hold alive or suspect, from a Gossip, a Ping/Ack or (a
+  LEFT) in a pushed table, first gets a Ping of our own to the member: an Ack within the probe
+  timeout means it is alive and the rumour is dropped (counted); silence, and the rumour
+  stands. A member that really died or left answers nothing, so an honest verdict costs one
+  probe timeout (a left member stops answering: ``receive`` returns nothing after ``leave``);
+  a lie costs one Ping, at most one in flight per member, and none while the member's answer
+  to the last check is less than a probe interval old (a flood of lies is not a flood of Pings). A member cut off from us but not from
+  its accuser is taken as dead, as SWIM would (our own probe would have failed too).
 - Partitions: members we declared dead stay in the table for ``reap_after``; for
   ``reconnect_window`` we now and then push-pull one of them (Serf's reconnect), so once the
   network heals each side learns that the other thinks it dead, refutes, and the views merge.
@@ -95,6 +106,10 @@ class Membership:
         self._t = MemberTable(node_id, (ALIVE, node_id, addr, incarnation), rng)
         self._members = self._t.rows  # read-only alias for the hot paths; writes go through _t.set
         self._suspicions: dict[str, Suspicion] = {}
+        # Rumoured deaths being checked: member -> (our Ping's seq, the rumour, when it stands)
+        self._checking: dict[str, tuple[int, tuple, float]] = {}
+        self._next_check = INF
+        self._answered_at: dict[str, float] = {}  # member -> when it last answered a check
         self._next_suspicion = INF  # earliest suspicion deadline (kept by _retime_suspicions)
         self._relays: dict[int, tuple[str, int, float]] = {}  # our seq -> (origin addr, its seq, deadline)
         self._queue = BroadcastQueue()
@@ -216,6 +231,8 @@ class Membership:
             self._probe(now, out)
         if self._next_suspicion <= now:
             self._expire_suspicions(now)
+        if self._next_check <= now:
+            self._expire_checks(now)
         if self._relays:
             self._expire_relays(now, out)
         if self._next_gossip <= now:
@@ -238,7 +255,7 @@ class Membership:
         if not self._started or self._left:
             return INF
         d = min(self._next_probe, self._probe_timeout_at, self._next_gossip,
-                self._next_push_pull, self._next_reconnect, self._next_join, self._next_suspicion)
+                self._next_push_pull, self._next_reconnect, self._next_join, self._next_suspicion, self._next_check)
         if self._relays:
             d = min(d, min(r[2] for r in self._relays.values()))
         return d
@@ -302,7 +319,7 @@ class Membership:
 
     def _on_ping(self, src: str, msg: Ping, now: float, out: list) -> None:
         if msg.updates:
-            self._apply_updates(msg.updates, now)
+            self._apply_updates(msg.updates, now, out)
         if msg.target != self.node_id:  # the address now belongs to someone else
             self._count("ignored_wrong_target")
             return
@@ -311,8 +328,10 @@ class Membership:
 
     def _on_ack(self, src: str, msg: Ack, now: float, out: list) -> None:
         if msg.updates:
-            self._apply_updates(msg.updates, now)
+            self._apply_updates(msg.updates, now, out)
         seq = msg.seq
+        if self._checking and self._rumour_refuted(msg.sender, seq, now):
+            return
         if seq == self._probe_seq:
             self._probe_seq = -1
             self._probe_timeout_at = INF
@@ -345,17 +364,17 @@ class Membership:
             own = [s for s in msg.states if s[1] == msg.sender]
             if not own or own[0][0] != ALIVE:
                 raise RemoteProtocolError("bad_join", "a joiner must list itself alive")
-        self._merge(msg.states, now)
+        self._merge(msg.states, now, out)
         if msg.reply:
             out.append(Send(src, trusted(PushPull, self.node_id, False, False, tuple(self._members.values()))))
             self._count("sent_PushPull")
 
     def _on_gossip(self, src: str, msg: Gossip, now: float, out: list) -> None:
-        self._apply_updates(msg.updates, now)
+        self._apply_updates(msg.updates, now, out)
 
     # ------------------------------------------------------------------ state changes
 
-    def _apply_updates(self, updates: tuple, now: float) -> None:
+    def _apply_updates(self, updates: tuple, now: float, out: list) -> None:
         members, me = self._members, self.node_id
         for u in updates:
             kind = u[0]
@@ -366,10 +385,12 @@ class Membership:
                 self._on_alive(u, now, True)
             elif kind == SUSPECT:
                 self._on_suspect(u, now)
+            elif u[1] == me:
+                self._on_dead(u, now)  # we refute
             else:
-                self._on_dead(u, now)
+                self._check_rumour(u, now, out)
 
-    def _merge(self, states: tuple, now: float) -> None:
+    def _merge(self, states: tuple, now: float, out: list) -> None:
         """memberlist mergeState: take a remote table into ours, re-gossiping what is news."""
         members = self._members
         for rec in states:
@@ -386,7 +407,10 @@ class Membership:
             if st == ALIVE:
                 self._on_alive(rec, now, True)
             elif st == LEFT:
-                self._on_dead((LEFT, nid, rec[2], rec[3], nid), now)
+                if nid == self.node_id:
+                    self._on_dead((LEFT, nid, rec[2], rec[3], nid), now)  # we refute
+                else:
+                    self._check_rumour((LEFT, nid, rec[2], rec[3], nid), now, out)
             else:  # SUSPECT, or DEAD taken as SUSPECT so that the member may refute
                 self._on_suspect((SUSPECT, nid, rec[2], rec[3], self.node_id), now)
 
@@ -432,6 +456,49 @@ class Membership:
             self._next_suspicion = s.deadline
         self._broadcast(u, now)
         self._count("suspected")
+
+    def _check_rumour(self, u: tuple, now: float, out: list) -> None:
+        """Another member says ``u[1]`` died or left: Ping it before we believe it (module
+        docstring, "Rumoured deaths are checked")."""
+        nid, inc = u[1], u[3]
+        cur = self._members.get(nid)
+        if cur is None or inc < cur[3] or cur[0] >= DEAD:
+            return
+        if now - self._answered_at.get(nid, -INF) < self.config.probe_interval:
+            self._count("rumours_refuted")  # it answered a check a moment ago
+            return
+        pending = self._checking.get(nid)
+        if pending is not None:
+            if inc > pending[1][3] or (inc == pending[1][3] and u[0] == LEFT):
+                self._checking[nid] = (pending[0], u, pending[2])  # the stronger rumour stands if it does
+            return
+        seq = self._seq = self._seq + 1
+        out.append(Send(cur[2], trusted(Ping, seq, self.node_id, nid, ())))
+        self._count("sent_Ping")
+        self._count("rumours_checked")
+        deadline = now + self._awareness.scale(self.config.probe_timeout)
+        self._checking[nid] = (seq, u, deadline)
+        self._next_check = min(self._next_check, deadline)
+
+    def _rumour_refuted(self, sender: str, seq: int, now: float) -> bool:
+        """An Ack to a rumour check: the member answered, the rumour is dropped."""
+        pending = self._checking.get(sender)
+        if pending is None or pending[0] != seq:
+            return False
+        del self._checking[sender]
+        self._count("rumours_refuted")
+        horizon = now - self.config.probe_interval
+        self._answered_at = {n: t for n, t in self._answered_at.items() if t >= horizon}
+        self._answered_at[sender] = now
+        return True
+
+    def _expire_checks(self, now: float) -> None:
+        """Rumours whose member stayed silent for the probe timeout stand."""
+        due = [nid for nid, (_, _, deadline) in self._checking.items() if deadline <= now]
+        for nid in due:
+            _, u, _ = self._checking.pop(nid)
+            self._on_dead(u, now)
+        self._next_check = min((c[2] for c in self._checking.values()), default=INF)
 
     def _on_dead(self, u: tuple, now: float) -> None:
         nid, inc = u[1], u[3]
