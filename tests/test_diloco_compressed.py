@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from p2p.averaging.base import AveragingConfig
-from p2p.averaging.diloco import SKETCH_SIZE, DiLoCo, DiLoCoConfig, OuterShare, OuterShareQ, sketch_positions, sketches_differ
+from p2p.averaging.diloco import DiLoCo, DiLoCoConfig, OuterShare, OuterShareQ
+from p2p.averaging.outer_copies import SKETCH_SIZE, sketch_positions, sketches_differ
 from p2p.averaging.registry import check_combination
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.compression import decompress, make_compressor

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from p2p.averaging.base import AveragingConfig
-from p2p.averaging.diloco import MIN_ROUND_TIMEOUT_S, DiLoCo, DiLoCoConfig, sketches_differ
+from p2p.averaging.diloco import MIN_ROUND_TIMEOUT_S, DiLoCo, DiLoCoConfig
+from p2p.averaging.outer_copies import sketches_differ
 from p2p.averaging.outer_repair import (CHUNK_ENTRIES, STALE, RepairChunk, RepairRequest,
                                         chunk_bounds, propagate, reference_group)
 from p2p.protocol import RemoteProtocolError

@@ -67,30 +67,20 @@ outer step's quantisation error is a fresh ~1/254 (int8) or ~1/14 (int4) of a bl
 entry, not a bias; Streaming DiLoCo finds 4 bits lose nothing, as bench/diloco_sweep.py does here.
 
 theta_start never travels in the rounds on ``full`` (``gossip_rounds`` = 1). Every share carries
-a sketch of the sender's theta_start (``SKETCH_SIZE`` entries at fixed, evenly spread
-positions). Peers that mixed the same averaged Delta keep identical copies (up to float
-rounding: each sums in its own order), so the sketches agree. A missed round, a cut link or a
-joiner (which starts from the seed's model) leaves copies apart by far more than rounding (a
-missed Delta moves every entry): then the peers outside the largest group of matching
-sketches pull the swarm's (theta_start, momentum) from one donor, in chunks, in the
-background, and replay the outer steps since (p2p/averaging/outer_repair.py: sized from the
+a sketch of the sender's theta_start (a few hundred entries at fixed positions). Peers that mixed
+the same averaged Delta keep identical copies (up to float rounding), so the sketches agree. A
+missed round, a cut link or a joiner leaves copies apart by far more than rounding: then the
+peers outside the largest group of matching sketches mend theirs, by a replay of the round
+they missed from the Deltas they kept when they can, else by a pull of the swarm's
+(theta_start, momentum) from one donor, in chunks, in the background, carried through the
+outer steps since (p2p/averaging/outer_copies.py decides; outer_repair.py pulls: sized from the
 measured link, at most one in flight, a retry never larger than the attempt before; training
-never waits for it). With int4 an outer step moves ~N/7 of a model per neighbour instead of 3N.
-With ``gossip_rounds`` > 1 (sparse graphs, where no round is an exact average and the copies
-are never equal) theta_start and the momentum travel in every round (a left-out one is an
-empty tensor, which the round mixes as "equal to mine").
-
-Replay repairs: most copies fall apart by one round's average, not by missed rounds: a share
-that reached some peers in time and others after their round's deadline (a loaded machine, a
-link that went down mid-transfer) leaves the two sides with averages over different sets. Each
-share names whose Deltas its sender's previous round averaged (``mixed``; empty when
-staleness weights were used), and each peer keeps the
-decoded Deltas of the last two rounds, late ones included (``REPLAY_BUDGET_BYTES`` at most). A
-peer that agreed with the reference group one round ago and holds every Delta the group
-averaged recomputes their average (clipped as they clipped it: robust mixing here is a function of the
-set) and corrects its own copy by the difference (d m = d Delta,
-d theta_start = -lr (1 + mu) d Delta, carried through the outer steps since, as a pull's is):
-no model travels. Otherwise it pulls, as above.
+never waits for it). Finished peers mend theirs too: they keep serving rounds. With int4 an
+outer step moves ~N/7 of a model per neighbour instead of 3N. With ``gossip_rounds`` > 1
+(sparse graphs, where no round is an exact average and the copies are never equal) theta_start
+and the momentum travel in every round (a left-out one is an empty tensor, which the round
+mixes as "equal to mine"). Each share names whose Deltas its sender's previous round averaged
+(``mixed``): replays and the check of a pull in flight rest on it.
 
 Round deadlines on ``full`` follow the link (issue 16): a round waits at most ``ROUND_SLACK``
 times the usual wait for all shares (an EWMA of the rounds that completed, so the bytes / the
@@ -121,11 +111,11 @@ from typing import Sequence
 
 import numpy as np
 
-from p2p.averaging.outer_repair import (RepairChunk, RepairDonor, RepairPuller, RepairRequest, propagate,
-                                        reference_group)
+from p2p.averaging.outer_copies import CopyWatch, sketch_positions
+from p2p.averaging.outer_repair import RepairChunk, RepairDonor, RepairPuller, RepairRequest, propagate
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
                                decoded_params, state_array, state_int)
-from p2p.averaging.robust import RobustMixing, clipped_mean
+from p2p.averaging.robust import RobustMixing
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.bandwidth import BandwidthMonitor
 from p2p.compression import compressor_from_config, decompress
@@ -134,16 +124,10 @@ from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
 
 CODECS = ("none", "fp16", "bf16", "int8", "int4")  # unbiased enough without error feedback (docstring)
-SKETCH_SIZE = 256  # entries of theta_start in a share's sketch
-# Copies whose sketches differ by more than this (relative L2) are repaired. Float rounding
-# drifts copies apart by ~1e-7 per outer step; one missed Delta moves them by ~1e-2.
-SKETCH_RTOL = 1e-4
 _NO_PARAMS = np.empty(0, dtype=np.float32)
 ROUND_SLACK = 3.0  # a round waits at most this many times its usual wait (module docstring)
 MIN_ROUND_TIMEOUT_S = 2.0
 WAIT_EWMA_ALPHA = 0.2
-_SELF = ""  # our own key among the sketches before our address is known (no address is empty)
-REPLAY_BUDGET_BYTES = 512 * 2**20  # at most this much memory for the Deltas kept for replay repairs
 MAX_MIXED = 4096  # senders a share's ``mixed`` list may name
 
 
@@ -162,15 +146,6 @@ class DiLoCoConfig:
             raise ValueError("inner_steps and gossip_rounds must be >= 1")
         if not 0 < self.outer_lr < math.inf or not 0 <= self.outer_momentum < 1:
             raise ValueError("outer_lr must be a finite number > 0 and outer_momentum in [0, 1)")
-
-
-def sketch_positions(numel: int) -> np.ndarray:
-    """The fixed theta_start positions every peer samples (evenly spread, all tensors)."""
-    return np.unique(np.linspace(0, max(numel - 1, 0), min(SKETCH_SIZE, numel)).astype(np.int64))
-
-
-def sketches_differ(mine: np.ndarray, theirs: np.ndarray) -> bool:
-    return float(np.linalg.norm(theirs - mine)) > SKETCH_RTOL * (float(np.linalg.norm(mine)) + 1e-30)
 
 
 @message(28)
@@ -258,31 +233,21 @@ class DiLoCo(AsynchronousHooks):
         self._start = port.snapshot()  # theta_start: the model before the first inner step
         self._positions = sketch_positions(self._start.size)
         self._sketch = self._start[self._positions]  # ours, of the round in flight
-        self._theirs: dict[int, dict[str, tuple]] = {}  # round -> sender -> (sketch, step, mixed)
         self._sent_params: set[str] = set()  # whom we sent theta_start in the round in flight
         # Repair (outer_repair.py): the link estimates its deadlines come from (its own chunks:
         # a round share's timing mostly measures the sender's lead), both sides of the pull.
         self.monitor = BandwidthMonitor()
         self._donor = RepairDonor(self._start.size, port.model_key, self.stats)
         self._puller = RepairPuller(self._start.size, port.model_key, self.monitor, self.stats)
-        self._pull_from: str | None = None  # the donor to pull from after this outer step
-        self._fresh_from = 0  # rounds begun before this one compared copies from before a repair
         self._outbox: list[Send] = []  # donor chunks due at an outer step (sent from tick)
         # Round deadlines (module docstring): the usual wait, and who is not waited for.
         self._wait_ewma: float | None = None
         self._began_at = 0.0
         self._wait_for: frozenset = frozenset()
         self._absent: set[str] = set()
-        # Replay repairs (module docstring): the decoded Deltas of the last two rounds, ours too,
-        # late ones included; the average we took; whose Deltas it was; our own address (the
-        # Peer sets it: it names us in the neighbours' ``mixed`` lists).
-        self.self_addr: str | None = None
-        self._deltas: dict[int, dict[str, np.ndarray]] = {}
-        self._averaged: dict[int, np.ndarray] = {}
-        self._mixed_last: tuple = ()
-        self._mixed_at: dict[int, tuple] = {}  # round -> _mixed_last after it (a pull's check)
-        self._agreed_at = -1  # the last round whose sketches put us in the reference group
-        self._replay: tuple[int, np.ndarray, np.ndarray] | None = None  # (round, d theta_start, d momentum) to apply
+        # Copies apart: who repairs and how, replay or pull (outer_copies.py).
+        self._watch = CopyWatch(self.options.outer_lr, self.options.outer_momentum, self.robust, self._puller,
+                                self.monitor, self.disagreement, self.stats)
         self._momentum = np.zeros_like(self._start)
         self._syncing = False  # between the boundary and the outer step
         self._shipped: np.ndarray | None = None  # overlap: our own Delta of the round in flight, in full precision
@@ -292,6 +257,15 @@ class DiLoCo(AsynchronousHooks):
         self._done = False  # the trainer finished: answer the neighbours' outer rounds
         self._serving: int | None = None  # the round a finished peer begins at its next tick
         self.stats["rounds_served"] = 0
+
+    @property
+    def self_addr(self) -> str | None:
+        return self._watch.self_addr
+
+    @self_addr.setter
+    def self_addr(self, addr: str) -> None:
+        """Our address (the Peer sets it): it names us in the neighbours' ``mixed`` lists."""
+        self._watch.self_addr = addr
 
     def topology_round(self) -> int:
         if self._serving is not None:
@@ -329,7 +303,7 @@ class DiLoCo(AsynchronousHooks):
         self._sketch = start[self._positions]
 
     def next_deadline(self) -> float:
-        if self._outbox or ((self._puller.done is not None or self._replay is not None) and not self._syncing):
+        if self._outbox or ((self._puller.done is not None or self._watch.replay is not None) and not self._syncing):
             return -math.inf  # chunks to send, a pulled state to apply: tick does it now
         return min(self._rounds.deadline, self._continue_at, self._puller.next_deadline())
 
@@ -390,113 +364,18 @@ class DiLoCo(AsynchronousHooks):
                 continue
             if self._packed is None:
                 msg = OuterShare(r, self.port.step, len(neighbours), self.port.model_key, params, delta,
-                                 self._sketch, mom, self._mixed_last)
+                                 self._sketch, mom, self._watch.mixed_last)
             else:
                 msg = OuterShareQ(**compressed_fields(self._packed), round=r, step=self.port.step,
                                   degree=len(neighbours), model_key=self.port.model_key, params=params,
-                                  sketch=self._sketch, momentum=mom, mixed=self._mixed_last)
+                                  sketch=self._sketch, momentum=mom, mixed=self._watch.mixed_last)
             sends += [Send(j, msg) for j in to]
         self._poll(now)
         return sends
 
-    def _compare_sketches(self, r: int, refused: frozenset) -> None:
-        """Round ``r`` finished: are we outside the largest group of matching theta_start copies?
-        Then pull the swarm's from one of that group after this outer step (module docstring,
-        outer_repair.py). A neighbour robust mixing refused this round is no copy to compare."""
-        theirs = self._theirs.pop(r, {})
-        self._theirs = {k: v for k, v in self._theirs.items() if k > r}
-        self._check_pull(r, theirs)
-        sketches = {}
-        for src, (sketch, step, _) in theirs.items():
-            if src in refused:
-                continue
-            self.disagreement.observe(sketch - self._sketch, self._sketch)
-            if sketches_differ(self._sketch, sketch):
-                self.stats["copies_apart"] += 1
-            sketches[src] = (sketch, step)
-        # A finished peer repairs too: it keeps serving rounds, and a copy apart would take every
-        # outer step it serves on the wrong theta_start (seen in CI: a peer that finished before a
-        # late joiner's rounds ended at 0.41 accuracy while the others agreed at 0.78).
-        if self._params_every_round or not sketches or r < self._fresh_from or self._puller.active \
-                or self._replay is not None:
-            return  # sparse graphs mix theta_start in every round; one repair at a time
-        me = self.self_addr or _SELF
-        reference = reference_group({**sketches, me: (self._sketch, self.port.step)}, sketches_differ)
-        if me in reference:
-            self._agreed_at = r
-            return
-        if self._replay_from(r, reference, theirs):
-            return
-        links = self.monitor.links
-        self._pull_from = max(sorted(reference), key=lambda j: links[j].throughput_bps or 0 if j in links else 0)
-
-    def _check_pull(self, r: int, theirs: dict) -> None:
-        """A pull's state is the donor's as of its round R, carried to ours by ``propagate``,
-        which holds only if every outer step we took since R used the donor's average. The
-        donor's share of round r names whose Deltas it averaged in round r - 1: the same set as
-        ours (the mix is a function of the set), or the pull is dropped before it lands a wrong
-        correction (seen in the lab: a peer that began a pull while cut off, mixed alone for
-        three rounds and jumped, landed a copy as far apart as before, 30 rounds later). Also
-        when the donor's share is missing: nothing vouches for that round. (Dropping the pull at
-        any round of ours that missed a share was tried: at 20 Mbit/s such rounds are common,
-        and a joiner's pulls never completed in a 1200-step run.)"""
-        pull = self._puller.pull or self._puller.done
-        if pull is None or r - 1 < pull.round:
-            return
-        named = theirs.get(pull.donor, (None, None, ()))[2]
-        if not named or named != self._mixed_at.get(r - 1):
-            self.stats["repairs_diverged"] += 1
-            self._puller.abandon()
-
-    def _replay_from(self, r: int, reference: set[str], theirs: dict) -> bool:
-        """Repair without moving a model (module docstring, "Replay repairs"): our copy agreed
-        with the reference group's one round ago, so only round r - 1's average differs (a share
-        that reached them but not us in time, or the reverse). If we hold every Delta they
-        averaged (late ones are kept), recompute their average and correct ours by the
-        difference, carried through the outer step: d m = d Delta, d theta_start =
-        -lr (1 + mu) d Delta. False: pull instead."""
-        prev = r - 1
-        if self._agreed_at != prev or self.self_addr is None or prev not in self._averaged:
-            return False
-        lists = [theirs[j][2] for j in sorted(reference) if j in theirs and theirs[j][2]]
-        if not lists or any(other != lists[0] for other in lists[1:]):
-            return False  # the group must agree on what it averaged (one liar cannot steer us)
-        kept = self._deltas.get(prev, {})
-        if any(s not in kept for s in lists[0]):
-            self.stats["replays_missing"] += 1
-            return False
-        vectors = [kept[s] for s in lists[0]]
-        if self.robust.enabled:  # the reference clipped the same set the same way (robust.py)
-            theirs, _ = clipped_mean(vectors, self.robust.config.factor)
-        else:
-            theirs = np.sum(vectors, axis=0, dtype=np.float32) / np.float32(len(vectors))
-        d = theirs - self._averaged[prev]
-        opts = self.options
-        self._replay = (r, np.float32(-opts.outer_lr * (1 + opts.outer_momentum)) * d, d)
-        self.stats["repairs_replayed"] += 1
-        return True
-
     def _keep_delta(self, round: int, src: str | None, delta: np.ndarray) -> None:
-        """Keep a round's decoded Delta for replay repairs (the last two rounds, within
-        ``REPLAY_BUDGET_BYTES``)."""
-        if src is None or self._params_every_round or not self._rounds.round - 2 <= round <= self._rounds.round + 2:
-            return
-        self._deltas = {k: v for k, v in self._deltas.items() if k >= self._rounds.round - 2}
-        if (1 + sum(map(len, self._deltas.values()))) * delta.nbytes > REPLAY_BUDGET_BYTES:
-            return
-        self._deltas.setdefault(round, {})[src] = delta
-
-    def _note_average(self, r: int, mixed, exact: bool) -> None:
-        """Round ``r``'s average, and whose Deltas it took (sent with our next share). Not
-        replayable when a Delta was down-weighted by staleness: () says "unknown". A clipped one
-        is replayable: the clipping is a function of the set (robust.py, "One answer for one
-        set")."""
-        self._averaged = {k: v for k, v in self._averaged.items() if k >= r - 1}
-        self._averaged[r] = mixed.payload[1]
-        used = (mixed.senders - mixed.refused) | {self.self_addr}
-        self._mixed_last = tuple(sorted(used)) if exact and self.self_addr is not None else ()
-        self._mixed_at = {k: v for k, v in self._mixed_at.items() if k >= r - 2}
-        self._mixed_at[r] = self._mixed_last
+        if not self._params_every_round:  # replays are for the one-round outer steps of ``full``
+            self._watch.keep_delta(round, self._rounds.round, src, delta)
 
     def _round_timeout(self) -> float:
         """This round's deadline (module docstring): ``ROUND_SLACK`` x the usual wait."""
@@ -533,8 +412,8 @@ class DiLoCo(AsynchronousHooks):
         mixed = self._rounds.finish(self.port.step, tau, now)
         if not self._params_every_round:
             self._observe_wait(mixed, now)
-            self._note_average(r, mixed, tau is None)
-        self._compare_sketches(r, mixed.refused)
+            self._watch.note_average(r, mixed, tau is None)
+        self._watch.round_finished(r, mixed.refused, self._sketch, self.port.step, decide=not self._params_every_round)
         self._payload = mixed.payload
         self._packed = None
         if self._rounds.round % self.options.gossip_rounds or self._rounds.behind:
@@ -564,9 +443,9 @@ class DiLoCo(AsynchronousHooks):
         state = (self._start, self._momentum)
         self._outbox += self._donor.outer_step(self._rounds.round, state, now)
         self._apply_repair()
-        if self._pull_from is not None:
-            self._puller.begin(self._pull_from, self._rounds.round, state, now)
-            self._pull_from = None
+        if self._watch.pull_from is not None:
+            self._puller.begin(self._watch.pull_from, self._rounds.round, state, now)
+            self._watch.pull_from = None
         self._serve(now)  # finished: a neighbour may have begun the next round already
 
     def _apply_repair(self) -> None:
@@ -574,8 +453,8 @@ class DiLoCo(AsynchronousHooks):
         momentum and model by the difference, carried through the outer steps taken since."""
         if self._syncing:
             return
-        if self._replay is not None:
-            (round, d_start, d_momentum), self._replay = self._replay, None
+        if self._watch.replay is not None:
+            (round, d_start, d_momentum), self._watch.replay = self._watch.replay, None
             self._correct(round, d_start, d_momentum)
         done = self._puller.take()
         if done is not None:
@@ -587,7 +466,7 @@ class DiLoCo(AsynchronousHooks):
         self._start = self._start + d_start
         self._momentum = self._momentum + d_momentum
         self.port.add_delta(d_start)  # the model keeps its inner progress on the new theta_start
-        self._fresh_from = self._rounds.round
+        self._watch.repaired(self._rounds.round)
 
     # -- step hooks ---------------------------------------------------------------------------
     def gate_wanted(self, step: int) -> bool:
@@ -646,9 +525,8 @@ class DiLoCo(AsynchronousHooks):
         if msg.round >= self._rounds.round - 1:
             self._absent.discard(src)  # in step with us again (a late share by one round: a straggler)
         if self._rounds.offer(src, msg.round, msg.degree, msg.step, (params, delta, momentum)) and params is None:
-            buffered = self._rounds.buffered()  # keep sketches only as long as the rounds do
-            self._theirs = {k: v for k, v in self._theirs.items() if k in buffered}
-            self._theirs.setdefault(msg.round, {})[src] = (msg.sketch.copy(), msg.step, msg.mixed)  # off the receive buffer
+            # keep sketches only as long as the rounds do
+            self._watch.share_received(msg.round, src, msg.sketch, msg.step, msg.mixed, self._rounds.buffered())
         if self._syncing and self._continue_at == math.inf:
             self._poll(now)
         self._serve(now)
