@@ -160,3 +160,18 @@ def start(
         node.run()
     except SwarmError as exc:  # port in use, no join peer answered, the network loop failed
         raise CliError(str(exc), code=1) from None
+    exit_now()
+
+
+def exit_now() -> None:
+    """The node has stopped: sockets closed, last checkpoint written, leave announced. Exit
+    without the interpreter's teardown of torch and every module: it took 2-4 s on a loaded
+    2-core machine (6-10 s from SIGTERM to exit in all), which a supervisor's stop timeout
+    (docker's 10 s, the tests' 15 s) counts against the node."""
+    import logging
+    import sys
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
