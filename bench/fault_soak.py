@@ -14,7 +14,8 @@ The fault run, with the swarm training throughout (times from when every peer ha
    then heal.
 4. ``join``: two new peers join through peer 0 (state sync), then the run goes on ``--tail`` s.
 
-Each phase is followed by ``--settle`` s. The baseline is the same base peers for the same wall
+Each phase ends ``--settle`` s after the views merged again (after the restart, restore or heal
+if they do not within 90 s). The baseline is the same base peers for the same wall
 time with no fault and no joiner.
 
 The figures (one JSON line per run, then a table):
@@ -35,7 +36,7 @@ The figures (one JSON line per run, then a table):
   every ~0.5 s). ``split_s``: seconds from the cut / partition until every peer on each side
   lists the other side as not alive.
 - ``cd_*``: consensus distance (mean L2 distance of each live peer's parameters to their mean,
-  ``p2p.harness.local_swarm.consensus_distance``) before each fault, ``--settle`` s after its end,
+  ``p2p.harness.local_swarm.consensus_distance``) before each fault, at the end of its phase,
   and at the end (``cd_end``); ``cd_before_heal``: just before the partition heals.
 - ``acc_mean`` / ``acc_min``: held-out accuracy over the live peers at the end (joiners included;
   ``acc_base_mean`` over the base peers only), against the baseline's ``acc_mean``.
@@ -141,14 +142,17 @@ class Soak:
         return True
 
     def wait_views(self, key: str, since: float, limit: float, groups: list[set[int]], apart: bool = False,
-                   ask: Optional[set[int]] = None) -> None:
+                   ask: Optional[set[int]] = None) -> Optional[float]:
+        """Poll until the views agree; records and returns when (None: not within ``limit``)."""
         deadline = time.time() + limit
         while time.time() < deadline:
             if self.views_agree(groups, apart, ask):
-                self.row[key] = round(time.time() - since, 1)
-                return
+                now = time.time()
+                self.row[key] = round(now - since, 1)
+                return now
             time.sleep(0.5)
-        self.row[key] = None  # did not happen within the limit
+        self.row[key] = None
+        return None
 
     def sleep_until(self, t: float) -> None:
         time.sleep(max(0.0, t - time.time()))
@@ -196,8 +200,8 @@ class Soak:
         t = self.mark("restart")
         for v in victims:
             self.start(v)
-        self.wait_views("merge_kill_s", t, 90, [set(self.live)])
-        self.sleep_until(t + a.settle)
+        merged = self.wait_views("merge_kill_s", t, 90, [set(self.live)])
+        self.sleep_until((merged or t) + a.settle)
         self.mark("kill_end")
         self.cd("cd_after_kill")
 
@@ -208,8 +212,8 @@ class Soak:
         self.sleep_until(t + a.cut)
         t = self.mark("restore")
         self.lab.restore(cut)
-        self.wait_views("merge_cut_s", t, 60, [set(self.live)])
-        self.sleep_until(t + a.settle)
+        merged = self.wait_views("merge_cut_s", t, 90, [set(self.live)])
+        self.sleep_until((merged or t) + a.settle)
         self.mark("cut_end")
         self.cd("cd_after_cut")
 
@@ -222,8 +226,8 @@ class Soak:
         self.sleep_until(t + a.partition)
         t = self.mark("heal")
         self.lab.heal()
-        self.wait_views("merge_partition_s", t, 90, [set(self.live)])
-        self.sleep_until(t + a.settle)
+        merged = self.wait_views("merge_partition_s", t, 90, [set(self.live)])
+        self.sleep_until((merged or t) + a.settle)
         self.mark("partition_end")
         self.cd("cd_after_partition")
 
@@ -291,14 +295,9 @@ def read_log(path: Path) -> list[dict]:
     before ``started`` too) go to the process that follows them until ``started`` is seen."""
     out: list[dict] = []
     pending = {"progress": [], "resumed": None, "checkpoint": None, "errors": 0}
-    for line in (path.read_text(errors="replace").splitlines() if path.exists() else []):
-        line = line.strip()
-        try:
-            rec = json.loads(line) if line.startswith("{") else None
-        except json.JSONDecodeError:
-            rec = None
-        if not isinstance(rec, dict):
-            if "Traceback" in line or "Error" in line:
+    for rec in _records(path):
+        if isinstance(rec, str):
+            if "Traceback" in rec or "Error" in rec:
                 pending["errors"] += 1
             continue
         event = rec.get("event")
@@ -316,6 +315,23 @@ def read_log(path: Path) -> list[dict]:
         if out and pending is out[-1] and event == "started":
             pending = {"progress": [], "resumed": None, "checkpoint": None, "errors": 0}
     return out
+
+
+def _records(path: Path) -> Any:
+    """The JSON objects of a log, and its other lines as strings. A line can hold two objects:
+    the node prints its progress line and the newline in two writes (unbuffered stdout), and
+    an event logged on stderr in between lands on the same line."""
+    decoder = json.JSONDecoder()
+    for line in (path.read_text(errors="replace").splitlines() if path.exists() else []):
+        line, pos = line.strip(), 0
+        while line.startswith("{", pos):
+            try:
+                rec, pos = decoder.raw_decode(line, pos)
+            except json.JSONDecodeError:
+                break
+            yield rec
+        if line[pos:].strip():
+            yield line[pos:]
 
 
 def max_gap(lives: list[list[dict]], peers: Any, t0: float, t1: float) -> Optional[float]:
@@ -343,7 +359,7 @@ def backwards(lives: list[list[dict]], peers: Any) -> list[int]:
     return bad
 
 
-COLUMNS = [("run", "run"), ("peers", "N"), ("duration_s", "secs"), ("gap_kill", "gap kill"), ("gap_cut", "gap cut"),
+COLUMNS = [("run", "run"), ("peers", "N"), ("duration_s", "secs"), ("gap_all", "gap all"), ("gap_kill", "gap kill"), ("gap_cut", "gap cut"),
            ("gap_partition", "gap part"), ("gap_join", "gap join"), ("bound_s", "bound"),
            ("merge_kill_s", "merge restart"), ("split_cut_s", "split cut"), ("merge_cut_s", "merge cut"),
            ("split_partition_s", "split part"), ("merge_partition_s", "merge heal"), ("merge_join_s", "merge join"),
@@ -359,7 +375,8 @@ def table(rows: list[dict]) -> str:
         f = dict(r)
         gaps = r.get("max_gap_s", {})
         for k in ("kill", "cut", "partition", "join"):
-            f[f"gap_{k}"] = gaps.get(k, gaps.get("run") if k == "kill" else None)
+            f[f"gap_{k}"] = gaps.get(k)
+        f["gap_all"] = gaps.get("run", max((v for v in gaps.values() if v is not None), default=None))
         flat.append(f)
     lines = []
     for cols in (COLUMNS, [("run", "run"), ("peers", "N")] + [(k, k[3:]) for k in CD]):
