@@ -12,7 +12,8 @@ The fault run, with the swarm training throughout (times from when every peer ha
 2. ``cut``: take the last base peer's link down for ``--cut`` s, then restore it.
 3. ``partition``: split the base peers in two halves (``Lab.partition``) for ``--partition`` s,
    then heal.
-4. ``join``: two new peers join through peer 0 (state sync), then the run goes on ``--tail`` s.
+4. ``join``: two new peers join through peer 0 (state sync); the run goes on ``--tail`` s after
+   every live peer lists them alive.
 
 Each phase ends ``--settle`` s after the views merged again (after the restart, restore or heal
 if they do not within 90 s). The baseline is the same base peers for the same wall
@@ -234,8 +235,8 @@ class Soak:
         t = self.mark("join")
         for j in range(n, n + JOINERS):
             self.start(j)
-        self.wait_views("merge_join_s", t, 90, [set(self.live)])
-        self.sleep_until(t + a.tail)
+        merged = self.wait_views("merge_join_s", t, 90, [set(self.live)])
+        self.sleep_until((merged or t) + a.tail)  # the joiners train with the swarm for the tail
 
     def final(self) -> None:
         sts = self.statuses(self.live)
