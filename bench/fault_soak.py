@@ -2,7 +2,9 @@
 
 Needs root (network namespaces, tc tbf; p2p/harness/lab.py). Every node is a real ``p2p start``
 process in its own namespace, default task ``synthetic`` (13k parameters: the machine this was
-written on has 2 cores for up to 10 processes, so the task must be cheap), default algorithm
+written on has 2 cores for up to 10 processes, so the task must be cheap; it peaks within ~20 s
+there and then overfits each peer's shard, so for accuracy in the learning regime use
+``--task tinylm``, ~2 steps/s per peer with 4 peers on 2 cores), default algorithm
 (adpsgd unless ``--algorithm``), default membership timers (``lan``: 1 s probes).
 
 The fault run, with the swarm training throughout (times from when every peer has stepped):
