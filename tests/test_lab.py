@@ -218,6 +218,23 @@ def test_cut_makes_a_peer_unreachable_and_restore_brings_it_back(labs):
 
 
 @pytest.mark.netns
+def test_partition_splits_the_peers_into_groups_and_heal_joins_them(labs):
+    lab = labs(4)
+    for i in range(4):
+        start_sink(labs, lab, i, lab.addr(i))
+    lab.partition([[0, 1], [2, 3]])
+    assert can_connect(lab, 0, lab.addr(1)) and can_connect(lab, 3, lab.addr(2))  # within a group
+    assert not can_connect(lab, 0, lab.addr(2)) and not can_connect(lab, 3, lab.addr(1))  # across
+    assert not can_connect(lab, 1, lab.addr(3))
+    assert can_connect(None, None, lab.addr(2)) and can_connect(None, None, lab.addr(0))  # root: all
+    lab.heal()
+    assert can_connect(lab, 0, lab.addr(2)) and can_connect(lab, 3, lab.addr(1))
+    lab.heal()  # idempotent
+    with pytest.raises(LabError, match="more than one group"):
+        lab.partition([[0, 1], [1, 2]])
+
+
+@pytest.mark.netns
 def test_down_removes_everything_even_from_another_process_and_stops_what_ran_inside(labs):
     lab = labs(2, "50mbit")
     sink = start_sink(labs, lab, 0, lab.addr(0))

@@ -16,7 +16,10 @@ from what the kernel reports (namespaces, the bridge's address, the tbf rate).
 Shaping is ``tc tbf`` on both ends of each peer's veth pair, so a peer's uplink and downlink are
 each limited to ``rate`` (traffic between two peers crosses the sender's uplink and the
 receiver's downlink). ``cut(i)`` takes the host-side veth down (peer i keeps running but
-nothing reaches it or leaves it); ``restore(i)`` brings it back. Root is required; every
+nothing reaches it or leaves it); ``restore(i)`` brings it back. ``partition([[0, 1], [2, 3]])``
+splits the peers into groups that reach each other only within a group (each namespace gets a
+``prohibit`` route to every peer outside its group; the root namespace still reaches everyone,
+so status queries keep working); ``heal()`` removes those routes. Root is required; every
 error is a ``LabError`` whose message says what to fix.
 
 ``LabSwarm`` is ``p2p.harness.local_swarm.LocalSwarm`` with each peer started inside its namespace
@@ -324,6 +327,36 @@ class Lab:
     def restore(self, i: int) -> None:
         _require()
         _run(["ip", "link", "set", self.host_if(i), "up"], what=f"restoring peer {i}")
+
+    def partition(self, groups: Sequence[Sequence[int]]) -> None:
+        """Split the peers: each peer reaches only the peers of its own group (and the bridge).
+
+        A /32 ``prohibit`` route in peer i's namespace for each peer of another group: more
+        specific than the subnet route, so a send across fails at once on both sides while
+        traffic within a group and to the root namespace is untouched. Peers in no group are
+        left alone. Undone by ``heal()`` (and by ``down()``, which deletes the namespaces)."""
+        _require()
+        flat = [self._check(i) for group in groups for i in group]
+        if len(flat) != len(set(flat)):
+            raise LabError(f"partition {groups!r}: a peer is in more than one group")
+        self.heal()
+        for group in groups:
+            others = [j for j in flat if j not in group]
+            for i in group:
+                for j in others:
+                    _run(["ip", "-n", self.ns(i), "route", "add", "prohibit", f"{self.addr(j)}/32"],
+                         what=f"partitioning peer {i} from peer {j}")
+
+    def heal(self) -> None:
+        """Remove every partition route (idempotent): all peers reach each other again."""
+        _require()
+        for i in range(self.peers):
+            text = _run(["ip", "-n", self.ns(i), "-4", "-o", "route", "show", "type", "prohibit"],
+                        check=False).stdout
+            for line in text.splitlines():
+                dest = line.split()[1] if line.split()[:1] == ["prohibit"] else None
+                if dest:
+                    _run(["ip", "-n", self.ns(i), "route", "del", "prohibit", dest], what=f"healing peer {i}")
 
     def link_up(self, i: int) -> bool:
         text = _run(["ip", "-o", "link", "show", self.host_if(i)], what="reading a link").stdout
