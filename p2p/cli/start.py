@@ -153,7 +153,7 @@ def start(
                              steps=steps, duration_s=duration, eval_every_s=eval_every, log_every_s=log_every,
                              slowdown=slowdown, log_format=log_format)
     try:
-        node = Node(node_config, task_obj, print_line=lambda line: print(line, flush=True))
+        node = Node(node_config, task_obj, print_line=print_line)
     except ValueError as exc:  # e.g. --device cuda without CUDA, a model with integer parameters
         raise CliError(str(exc)) from None
     try:
@@ -161,6 +161,16 @@ def start(
     except SwarmError as exc:  # port in use, no join peer answered, the network loop failed
         raise CliError(str(exc), code=1) from None
     exit_now()
+
+
+def print_line(line: str) -> None:
+    """One progress line in ONE write: ``print`` writes the text and the newline separately, and
+    with unbuffered output (PYTHONUNBUFFERED, as the harnesses run nodes) a log record written
+    to the same file between the two landed on the progress line (seen in the fault soak's logs)."""
+    import sys
+
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def exit_now() -> None:
