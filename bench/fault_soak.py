@@ -321,20 +321,13 @@ def read_log(path: Path) -> list[dict]:
 
 
 def _records(path: Path) -> Any:
-    """The JSON objects of a log, and its other lines as strings. A line can hold two objects:
-    the node prints its progress line and the newline in two writes (unbuffered stdout), and
-    an event logged on stderr in between lands on the same line."""
-    decoder = json.JSONDecoder()
+    """The JSON objects of a log, and its other lines as strings (a traceback, a print)."""
     for line in (path.read_text(errors="replace").splitlines() if path.exists() else []):
-        line, pos = line.strip(), 0
-        while line.startswith("{", pos):
-            try:
-                rec, pos = decoder.raw_decode(line, pos)
-            except json.JSONDecodeError:
-                break
-            yield rec
-        if line[pos:].strip():
-            yield line[pos:]
+        line = line.strip()
+        try:
+            yield json.loads(line) if line.startswith("{") else line
+        except json.JSONDecodeError:
+            yield line
 
 
 def max_gap(lives: list[list[dict]], peers: Any, t0: float, t1: float) -> Optional[float]:

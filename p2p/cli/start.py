@@ -10,7 +10,9 @@ the ``NodeConfig`` around it. Every flag can also come from ``--config FILE`` (T
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import typing
 from typing import List, Optional
 
@@ -167,8 +169,6 @@ def print_line(line: str) -> None:
     """One progress line in ONE write: ``print`` writes the text and the newline separately, and
     with unbuffered output (PYTHONUNBUFFERED, as the harnesses run nodes) a log record written
     to the same file between the two landed on the progress line (seen in the fault soak's logs)."""
-    import sys
-
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
@@ -178,9 +178,6 @@ def exit_now() -> None:
     without the interpreter's teardown of torch and every module: it took 2-4 s on a loaded
     2-core machine (6-10 s from SIGTERM to exit in all), which a supervisor's stop timeout
     (docker's 10 s, the tests' 15 s) counts against the node."""
-    import logging
-    import sys
-
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
