@@ -87,6 +87,10 @@ P2P_CONFIGS: dict[str, list[str]] = {
     "p2p-diloco-int4-h25-overlap": ["--algorithm", "diloco", "--compression", "int4", "--diloco-inner-steps", "25",
                                     "--diloco-outer-lr", "0.5", "--diloco-outer-momentum", "0.8", "--diloco-overlap"],
     # the same with the outer round beside the next 25 inner steps (Streaming DiLoCo's overlap)
+    "p2p-diloco-int4-hauto": ["--algorithm", "diloco", "--compression", "int4", "--diloco-inner-steps", "auto",
+                              "--diloco-outer-lr", "0.5", "--diloco-outer-momentum", "0.8"],
+    # H chosen from the measured link and step time (p2p/averaging/outer_schedule.py): the fewest
+    # inner steps whose outer exchange fits in their compute; not yet benchmarked against h25
     "p2p-localsgd-int4-h25": ["--algorithm", "diloco", "--compression", "int4", "--diloco-inner-steps", "25",
                               "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0"],
     # plain periodic model averaging (outer lr 1, no momentum: local SGD, as torch-localsgd-h25)

@@ -171,6 +171,17 @@ def _key_file(value: Any) -> str:
     return value
 
 
+def _inner_steps(value: Any) -> Any:
+    """DiLoCo's H: an integer >= 1, or "auto" (p2p/averaging/outer_schedule.py). The CLI passes text."""
+    if value == "auto":
+        return value
+    if isinstance(value, str):
+        if not value.strip().isdigit():
+            raise ValueError(f"expected an integer >= 1 or auto, got {value!r}")
+        value = int(value)
+    return _number(value, low=1, low_ok=True, integer=True)
+
+
 def _seed(value: Any) -> int:
     return int(_number(value, low=-math.inf, integer=True))
 
@@ -224,8 +235,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "Bandwidth awareness: keep exchanges under this share of wall time."),
     Setting("max_interval", "averaging", "max_interval_s", lambda v: float(_number(v)),
             "Bandwidth awareness: never pause longer than this between exchanges (default: 30 s)."),
-    Setting("diloco_inner_steps", "diloco", "inner_steps", lambda v: _number(v, low=1, low_ok=True, integer=True),
-            "DiLoCo: local steps between outer synchronisations."),
+    Setting("diloco_inner_steps", "diloco", "inner_steps", _inner_steps,
+            "DiLoCo: local steps between outer synchronisations, or auto: the fewest whose exchange fits in their compute."),
     Setting("diloco_outer_lr", "diloco", "outer_lr", lambda v: float(_number(v)),
             "DiLoCo: outer (Nesterov) learning rate on the averaged pseudo-gradient."),
     Setting("diloco_outer_momentum", "diloco", "outer_momentum", lambda v: float(_number(v, low_ok=True, high=1)),

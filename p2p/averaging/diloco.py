@@ -112,6 +112,7 @@ from typing import Sequence
 import numpy as np
 
 from p2p.averaging.outer_copies import CopyWatch, sketch_positions
+from p2p.averaging.outer_schedule import MAX_PROPOSAL, InnerSchedule
 from p2p.averaging.outer_repair import RepairChunk, RepairDonor, RepairPuller, RepairRequest, propagate
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
                                decoded_params, state_array, state_int)
@@ -135,15 +136,21 @@ MAX_MIXED = 4096  # senders a share's ``mixed`` list may name
 class DiLoCoConfig:
     """DiLoCo's own settings (Douillard et al., 2023, Sec. 2: H, the outer Nesterov step)."""
 
-    inner_steps: int = 50  # H: local (inner optimizer) steps between outer synchronisations
+    inner_steps: int | str = 50  # H: local (inner optimizer) steps between outer synchronisations, or "auto" (outer_schedule.py)
     outer_lr: float = 0.7  # outer learning rate on the averaged pseudo-gradient (paper: 0.7)
     outer_momentum: float = 0.9  # outer Nesterov momentum (paper: 0.9)
     gossip_rounds: int = 1  # neighbour-averaging rounds of the pseudo-gradient per outer step (1 is exact on "full")
     overlap: bool = False  # the outer round runs beside the next H inner steps (module docstring, "Overlap"; gossip_rounds 1)
 
     def __post_init__(self) -> None:
-        if self.inner_steps < 1 or self.gossip_rounds < 1:
-            raise ValueError("inner_steps and gossip_rounds must be >= 1")
+        h = self.inner_steps
+        if h != "auto" and (isinstance(h, bool) or not isinstance(h, int) or h < 1):
+            raise ValueError(f"inner_steps must be an integer >= 1 or 'auto', got {h!r}")
+        if self.gossip_rounds < 1:
+            raise ValueError("gossip_rounds must be >= 1")
+        if h == "auto" and self.gossip_rounds > 1:
+            raise ValueError("inner_steps 'auto' needs gossip_rounds 1 (the full graph): peers agree on H from "
+                             "the set a round averaged, which only an exact one-round average gives them all")
         if not 0 < self.outer_lr < math.inf or not 0 <= self.outer_momentum < 1:
             raise ValueError("outer_lr must be a finite number > 0 and outer_momentum in [0, 1)")
 
@@ -160,6 +167,7 @@ class OuterShare:
     sketch: np.ndarray  # the sender's theta_start at sketch_positions (module docstring)
     momentum: np.ndarray  # the sender's outer momentum when params is sent, else empty
     mixed: tuple = ()  # whose Deltas (the sender's too) its previous round averaged; () unknown
+    inner_steps: int = 0  # the H its sender proposes (outer_schedule.py); 0: none
 
 
 @message(66)
@@ -175,6 +183,7 @@ class OuterShareQ(CompressedFields):
     sketch: np.ndarray  # theta_start at sketch_positions
     momentum: np.ndarray  # the outer momentum when params is sent, else empty
     mixed: tuple = ()  # as OuterShare.mixed
+    inner_steps: int = 0  # as OuterShare.inner_steps
 
 
 def _received_state(msg, port: ModelPort):
@@ -257,6 +266,12 @@ class DiLoCo(AsynchronousHooks):
         self._done = False  # the trainer finished: answer the neighbours' outer rounds
         self._serving: int | None = None  # the round a finished peer begins at its next tick
         self.stats["rounds_served"] = 0
+        # Where the outer boundaries are, H fixed or chosen from the link (outer_schedule.py):
+        # the proposals of the neighbours' shares per round, and ours in the round in flight.
+        self._schedule = InnerSchedule(self.options.inner_steps, self._overlap)
+        self._proposals: dict[int, dict[str, int]] = {}
+        self._proposal = 0
+        self._show_schedule()
 
     @property
     def self_addr(self) -> str | None:
@@ -276,7 +291,8 @@ class DiLoCo(AsynchronousHooks):
         return self._syncing
 
     def state_dict(self) -> dict:
-        return {"theta_start": self._start.copy(), "momentum": self._momentum.copy(), "round": self._rounds.round}
+        return {"theta_start": self._start.copy(), "momentum": self._momentum.copy(), "round": self._rounds.round,
+                **self._schedule.state_dict()}
 
     def state_for_joiner(self) -> tuple[dict, np.ndarray]:
         """What a joiner takes: the outer momentum and round, and as its model the outer
@@ -284,8 +300,9 @@ class DiLoCo(AsynchronousHooks):
         outer step left everyone (its first Delta then counts its own steps only: with our
         inner model it would count our inner progress a second time), and a model less travels.
         It takes our step count too, so its boundaries fall with the swarm's (its first inner
-        period is the rest of ours: shorter)."""
-        return {"momentum": self._momentum.copy(), "round": self._rounds.round}, self._start.copy()
+        period is the rest of ours: shorter), and our schedule of H (outer_schedule.py)."""
+        return {"momentum": self._momentum.copy(), "round": self._rounds.round,
+                **self._schedule.state_dict()}, self._start.copy()
 
     def load_state_dict(self, state: dict, source: str) -> None:
         """The outer state, from our checkpoint or a donor's (the swarm's outer parameters and
@@ -298,6 +315,8 @@ class DiLoCo(AsynchronousHooks):
         else:
             start = state_array(state, "theta_start", self.port.numel)
         momentum = state_array(state, "momentum", self.port.numel)
+        self._schedule.load_state_dict(state)
+        self._show_schedule()
         self._rounds.resume_at(state_int(state, "round"))
         self._start, self._momentum = start, momentum
         self._sketch = start[self._positions]
@@ -357,6 +376,7 @@ class DiLoCo(AsynchronousHooks):
         self._sketch = start[self._positions]
         self._sent_params = set(neighbours) if self._params_every_round else set()
         self.stats["params_sent"] += len(self._sent_params)
+        self._proposal = self._schedule.proposal(self._exchange_s())
         sends = []
         for params, mom in ((_NO_PARAMS, _NO_PARAMS), (start, momentum)):
             to = [j for j in neighbours if (j in self._sent_params) == (params is start)]
@@ -364,11 +384,12 @@ class DiLoCo(AsynchronousHooks):
                 continue
             if self._packed is None:
                 msg = OuterShare(r, self.port.step, len(neighbours), self.port.model_key, params, delta,
-                                 self._sketch, mom, self._watch.mixed_last)
+                                 self._sketch, mom, self._watch.mixed_last, self._proposal)
             else:
                 msg = OuterShareQ(**compressed_fields(self._packed), round=r, step=self.port.step,
                                   degree=len(neighbours), model_key=self.port.model_key, params=params,
-                                  sketch=self._sketch, momentum=mom, mixed=self._watch.mixed_last)
+                                  sketch=self._sketch, momentum=mom, mixed=self._watch.mixed_last,
+                                  inner_steps=self._proposal)
             sends += [Send(j, msg) for j in to]
         self._poll(now)
         return sends
@@ -376,6 +397,21 @@ class DiLoCo(AsynchronousHooks):
     def _keep_delta(self, round: int, src: str | None, delta: np.ndarray) -> None:
         if not self._params_every_round:  # replays are for the one-round outer steps of ``full``
             self._watch.keep_delta(round, self._rounds.round, src, delta)
+
+    def _exchange_s(self) -> float | None:
+        """How long an outer exchange takes (outer_schedule.py): the usual wait of our rounds
+        (None before a round got every share it waited for)."""
+        return self._wait_ewma
+
+    def _agree_schedule(self, r: int, mixed) -> None:
+        """H from the proposals of the set round r averaged (outer_schedule.py, rule 2)."""
+        theirs = self._proposals.pop(r, {})
+        self._schedule.agree([theirs.get(j, 0) for j in mixed.senders - mixed.refused] + [self._proposal])
+        self._proposals = {k: v for k, v in self._proposals.items() if k > r}
+        self._show_schedule()
+
+    def _show_schedule(self) -> None:
+        self.stats["inner_steps"] = self._schedule.h  # the H of the period under way, for status
 
     def _round_timeout(self) -> float:
         """This round's deadline (module docstring): ``ROUND_SLACK`` x the usual wait."""
@@ -413,6 +449,7 @@ class DiLoCo(AsynchronousHooks):
         if not self._params_every_round:
             self._observe_wait(mixed, now)
             self._watch.note_average(r, mixed, tau is None)
+            self._agree_schedule(r, mixed)
         self._watch.round_finished(r, mixed.refused, self._sketch, self.port.step, decide=not self._params_every_round)
         self._payload = mixed.payload
         self._packed = None
@@ -436,6 +473,7 @@ class DiLoCo(AsynchronousHooks):
             self.port.add_delta(new_start - self.port.snapshot())
         self._start, self._shipped = new_start, None
         self._syncing = False
+        self._schedule.resumed(self.port.step, now)
         self._payload = ()
         self.stats["outer_steps"] += 1
         if self._puller.active:
@@ -470,12 +508,14 @@ class DiLoCo(AsynchronousHooks):
 
     # -- step hooks ---------------------------------------------------------------------------
     def gate_wanted(self, step: int) -> bool:
+        h = self._schedule
         if self._overlap:  # the step that closes the next period (module docstring, "Overlap")
-            return step % self.options.inner_steps == 0 and step > self.options.inner_steps
-        return step > 1 and (step - 1) % self.options.inner_steps == 0  # right after an outer boundary
+            return h.is_boundary(step) and step > h.h
+        # right after an outer boundary (H changes only when the round ends: then no gate is due)
+        return step > 1 and h.is_boundary(step - 1)
 
     def after_step_wanted(self, step: int) -> bool:
-        return step % self.options.inner_steps == 0  # the outer boundaries
+        return self._schedule.boundary_candidate(step)  # the outer boundaries (after_step checks)
 
     def may_step(self, step: int, now: float) -> bool:
         if self._syncing and self._continue_at == math.inf:
@@ -488,8 +528,10 @@ class DiLoCo(AsynchronousHooks):
         return self.may_step(0, now)
 
     def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
-        if step % self.options.inner_steps:
+        if not self._schedule.is_boundary(step):
             return []
+        self._schedule.at_boundary(step, now)
+        self._show_schedule()
         if self._syncing:
             # The previous round is still in flight (the trainer went past a gate the safety
             # net released, or it steps after training_done): skip this boundary. Nothing is
@@ -520,13 +562,18 @@ class DiLoCo(AsynchronousHooks):
         _check_sketch(msg.sketch, self._positions)
         if len(msg.mixed) > MAX_MIXED or not all(isinstance(s, str) for s in msg.mixed):
             raise RemoteProtocolError("bad_value", f"mixed: {len(msg.mixed)} entries, want at most {MAX_MIXED} addresses")
+        if not 0 <= msg.inner_steps <= MAX_PROPOSAL:  # a large one is only clamped (outer_schedule.py)
+            raise RemoteProtocolError("bad_value", f"inner_steps {msg.inner_steps}, want 0..{MAX_PROPOSAL}")
         if params is None:  # off the receive buffer: kept past this call (a compressed one was decoded)
             self._keep_delta(msg.round, src, delta.copy() if isinstance(msg, OuterShare) else delta)
         if msg.round >= self._rounds.round - 1:
             self._absent.discard(src)  # in step with us again (a late share by one round: a straggler)
         if self._rounds.offer(src, msg.round, msg.degree, msg.step, (params, delta, momentum)) and params is None:
-            # keep sketches only as long as the rounds do
+            # keep sketches and proposals only as long as the rounds do
             self._watch.share_received(msg.round, src, msg.sketch, msg.step, msg.mixed, self._rounds.buffered())
+            kept = set(self._rounds.buffered())
+            self._proposals = {k: v for k, v in self._proposals.items() if k in kept}
+            self._proposals.setdefault(msg.round, {})[src] = msg.inner_steps
         if self._syncing and self._continue_at == math.inf:
             self._poll(now)
         self._serve(now)

@@ -66,7 +66,7 @@ def start(
     bandwidth_aware: Optional[bool] = _opt("bandwidth_aware", None, "--bandwidth-aware/--no-bandwidth-aware"),
     comm_fraction: Optional[float] = _opt("comm_fraction"),
     max_interval: Optional[float] = _opt("max_interval"),
-    diloco_inner_steps: Optional[int] = _opt("diloco_inner_steps"),
+    diloco_inner_steps: Optional[str] = _opt("diloco_inner_steps"),
     diloco_outer_lr: Optional[float] = _opt("diloco_outer_lr"),
     diloco_outer_momentum: Optional[float] = _opt("diloco_outer_momentum"),
     diloco_gossip_rounds: Optional[int] = _opt("diloco_gossip_rounds"),

@@ -39,7 +39,8 @@ def sim_averaging_config(compute_s: float = 0.05, algorithm: Optional[str] = Non
     lag between peers, which grows up to H steps of speed difference)."""
     steps = 10
     if algorithm == "diloco":
-        steps = 2 * (options or sim_algorithm_options("diloco")).inner_steps
+        h = (options or sim_algorithm_options("diloco")).inner_steps
+        steps = 2 * (SIM_OPTIONS["diloco"]["inner_steps"] if h == "auto" else h)
     base = dict(interval_s=compute_s, exchange_timeout_s=10 * compute_s, round_timeout_s=steps * compute_s)
     base.update(overrides)
     return AveragingConfig(**base)

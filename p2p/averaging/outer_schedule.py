@@ -1,0 +1,136 @@
+"""DiLoCo's inner-step count H, fixed or chosen from the link (``--diloco-inner-steps auto``, issue 13).
+
+With ``auto``, H is the smallest value whose outer exchange still fits inside H inner steps of
+compute: H >= exchange_s / step_s. Streaming DiLoCo (Douillard et al., arXiv:2501.18512, Sec.
+2.2) hides the exchange behind the inner steps; DiLoCo (Douillard et al., arXiv:2311.08105,
+Sec. 3, Fig. 5/Table 4) loses accuracy as H grows, so the smallest H that hides the exchange is
+the one to take, and a small H early (before the first measurement: ``H_MIN``) also closes
+DiLoCo's early-accuracy gap.
+
+Every peer must put its outer boundaries on the same steps, or rounds fall apart. Three rules
+make the schedule one that every peer derives alike, with no new message and no coordinator:
+
+1. **A grid.** H is a rung of ``LADDER`` (4 x 2^k, 4..256) and a boundary is a step that is a
+   multiple of H, as with a fixed H. Rungs nest: every boundary of a larger H is a boundary of
+   each smaller one. So a joiner or a resumed peer that took the swarm's step count falls on the
+   swarm's boundaries, and two peers that briefly disagree on H still meet at every boundary of
+   the larger one (the one with the smaller H waits there, bounded by the round timeout, as for a
+   straggler) instead of drifting apart for good.
+2. **Agreement from the set averaged.** Each outer share carries its sender's proposal (the rung
+   its own measurements want; 0 before it measured). When an outer round ends, H becomes the
+   upper median of the proposals of the shares the round averaged (ours included, refused ones
+   not): peers that averaged the same set, the peers whose theta_start copies agree, agree on H
+   too. The median keeps a minority of hostile proposals from moving H past the honest ones;
+   each proposal is clamped to the ladder first. On ``full`` every peer waits for the same
+   slowest link, so the proposals, and the medians of slightly different sets, rarely differ.
+3. **When it applies.** Without overlap every peer is held at the boundary that began the round,
+   so the new H applies at once (the next boundary is the next multiple of it). With overlap the
+   round ends part way through the next period, at a different step on each peer: the new H
+   waits for that period's boundary (``h_next``), which every peer computed with the old H.
+
+The schedule (H and the H that the next boundary switches to) is part of DiLoCo's state:
+checkpoints, resumes and state-sync joiners take it. A state without it (saved by an older
+version) is refused by an ``auto`` peer, which could not tell where the swarm's boundaries are.
+
+Measured here: the compute time per inner step, an EWMA over each period from the moment the
+trainer went on to the next boundary (without overlap the outer round's wait is left out).
+The exchange time comes from DiLoCo: the usual wait of its rounds (the bytes over the link and
+the neighbours' skew) and, as a floor, the round's bytes over the slowest link rate
+``BandwidthMonitor`` measured (repair chunks). A straggler computing 2x slower or more makes
+the others' waits grow with H itself; auto H then climbs to the top rung, where a fixed H
+does no better.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional
+
+from p2p.averaging.base import state_int
+from p2p.bandwidth import ewma
+
+H_MIN, H_MAX = 4, 256
+LADDER = tuple(H_MIN << k for k in range(7))  # 4, 8, ..., 256: each rung divides the next (rule 1)
+MAX_PROPOSAL = 1 << 30  # a proposal on the wire beyond this is malformed, not merely large
+STEP_EWMA_ALPHA = 0.3
+
+
+def rung(h: int) -> int:
+    """The smallest ladder rung >= h, clamped to [H_MIN, H_MAX]: how any proposal is read."""
+    return next((r for r in LADDER if r >= h), H_MAX)
+
+
+def wanted(exchange_s: float, step_s: float) -> int:
+    """The smallest rung whose H steps of compute cover one exchange."""
+    if step_s <= 0:
+        return H_MAX
+    return rung(math.ceil(exchange_s / step_s))
+
+
+def agreed(proposals: Iterable[int], current: int) -> int:
+    """The upper median of the proposals (0: none), each read as a rung; ``current`` if none."""
+    rungs = sorted(rung(p) for p in proposals if p > 0)
+    return rungs[len(rungs) // 2] if rungs else current
+
+
+class InnerSchedule:
+    """Where the outer boundaries are: multiples of ``h`` (module docstring)."""
+
+    def __init__(self, inner_steps: int | str, overlap: bool) -> None:
+        self.auto = inner_steps == "auto"
+        self.h = H_MIN if self.auto else int(inner_steps)
+        self.h_next = self.h  # overlap: what the next boundary switches to
+        self.overlap = overlap
+        self.step_s: Optional[float] = None  # EWMA compute seconds per inner step
+        self._resumed: Optional[tuple[float, int]] = None  # (time, step) the trainer went on computing
+
+    def is_boundary(self, step: int) -> bool:
+        return step > 0 and step % self.h == 0
+
+    def boundary_candidate(self, step: int) -> bool:
+        """A superset of the boundaries, for the trainer's thread, which may see ``h`` a moment
+        before the switch at a boundary lands (rungs nest: the smaller one's multiples)."""
+        return step > 0 and step % min(self.h, self.h_next) == 0
+
+    def at_boundary(self, step: int, now: float) -> None:
+        """A boundary was reached: measure the period's compute, switch to ``h_next``."""
+        if self._resumed is not None:
+            t0, s0 = self._resumed
+            if step > s0 and now > t0:
+                self.step_s = ewma(self.step_s, (now - t0) / (step - s0), STEP_EWMA_ALPHA)
+        self._resumed = (now, step) if self.overlap else None
+        self.h = self.h_next
+
+    def resumed(self, step: int, now: float) -> None:
+        """The outer step landed and the trainer goes on (without overlap it waited till now)."""
+        if not self.overlap:
+            self._resumed = (now, step)
+
+    def proposal(self, exchange_s: Optional[float]) -> int:
+        """What our share proposes: the rung our measurements want, 0 before we have both."""
+        if not self.auto or exchange_s is None or self.step_s is None:
+            return 0
+        return wanted(exchange_s, self.step_s)
+
+    def agree(self, proposals: Iterable[int]) -> None:
+        """A round ended: H from the proposals of the set it averaged (rules 2 and 3)."""
+        if not self.auto:
+            return
+        self.h_next = agreed(proposals, self.h_next)
+        if not self.overlap:
+            self.h = self.h_next
+
+    def state_dict(self) -> dict:
+        return {"inner_steps": self.h, "inner_steps_next": self.h_next}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take a saved or a donor's schedule (auto only: a fixed H is the configured one)."""
+        if not self.auto:
+            return
+        if "inner_steps" not in state:
+            raise ValueError("state has no 'inner_steps' (saved by a p2p without --diloco-inner-steps auto): "
+                             "an auto peer cannot tell where the swarm's outer boundaries are")
+        h, h_next = state_int(state, "inner_steps", 1), state_int(state, "inner_steps_next", 1)
+        if h not in LADDER or h_next not in LADDER:
+            raise ValueError(f"state inner steps {h}, {h_next}: want rungs of {list(LADDER)}")
+        self.h, self.h_next = h, h_next

@@ -1,0 +1,176 @@
+"""DiLoCo with ``--diloco-inner-steps auto`` (p2p/averaging/outer_schedule.py): H chosen from the
+measured exchange and step time, the same outer boundaries on every peer (joiners and resumed
+peers included), hostile proposals bounded."""
+
+import random
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from p2p.averaging import outer_schedule
+from p2p.averaging.diloco import DiLoCo, DiLoCoConfig, OuterShare
+from p2p.averaging.outer_copies import sketch_positions
+from p2p.averaging.outer_schedule import H_MAX, H_MIN, InnerSchedule, agreed, rung, wanted
+from p2p.protocol import RemoteProtocolError
+from p2p.sim.avg_config import AvgSimConfig, sim_algorithm_options, sim_averaging_config
+from p2p.sim.avg_port import ArrayPort
+from p2p.sim.avg_sim import AvgSimulation
+from p2p.sim.churn import Churn
+from p2p.wire import decode, encode
+from tests.test_checkpoints import CFG, through_a_checkpoint
+
+# The simulated share is ~2.5 kB (300 parameters + the sketch): 3 neighbours' worth takes ~1.2 s
+# (24 steps of 50 ms) at 0.05 Mbit/s and ~0.03 s (under one step) at 2 Mbit/s.
+SLOW, FAST = 0.05e6, 2e6
+COMPUTE_S = 0.05
+
+
+def test_every_proposal_is_read_as_a_rung_and_a_hostile_minority_moves_nothing():
+    assert [rung(h) for h in (1, 4, 5, 33, 256, 257, 10**9)] == [4, 4, 8, 64, 256, 256, 256]
+    assert wanted(1.2, COMPUTE_S) == 32 and wanted(0.01, COMPUTE_S) == H_MIN and wanted(100.0, COMPUTE_S) == H_MAX
+    assert agreed([0, 0], 16) == 16  # nobody measured yet: H stays
+    assert agreed([8, 8, 10**6], 4) == 8  # the upper median: one liar among three moves nothing
+    assert agreed([8, 10**6], 4) == H_MAX  # two proposals, one huge: clamped, never past the ladder
+
+
+class Boundaries:
+    """Every peer's (step, H) at each outer boundary it reached, and when."""
+
+    def __init__(self, monkeypatch):
+        self.seen = defaultdict(list)
+        original = outer_schedule.InnerSchedule.at_boundary
+
+        def at_boundary(schedule, step, now):
+            original(schedule, step, now)
+            self.seen[id(schedule)].append((now, step, schedule.h))
+
+        monkeypatch.setattr(outer_schedule.InnerSchedule, "at_boundary", at_boundary)
+
+    def steps(self, after: int = 0) -> list[list[int]]:
+        return [[s for _, s, _ in v if s > after] for v in self.seen.values()]
+
+
+class VaryingLink(AvgSimulation):
+    """The uplinks change rate at given simulated times: [(t, bits/s), ...]."""
+
+    def __init__(self, cfg, changes):
+        super().__init__(cfg)
+        self.changes = list(changes)
+
+    def _sample(self):
+        while self.changes and self.now >= self.changes[0][0]:
+            self.net.bandwidth_bps = self.changes.pop(0)[1]
+        super()._sample()
+
+
+def simulate(bps, steps=256, changes=(), **kw):
+    options = sim_algorithm_options("diloco", inner_steps="auto")
+    cfg = AvgSimConfig("diloco", "full", 4, steps, 1, bandwidth_bps=bps, dim=300, compute_s=COMPUTE_S,
+                       options=options, lr_decay_steps=100,
+                       config=sim_averaging_config(COMPUTE_S, "diloco", options, round_timeout_s=30.0), **kw)
+    return VaryingLink(cfg, changes).run()
+
+
+def test_a_slow_link_gets_a_larger_h_and_every_peer_the_same_boundaries(monkeypatch):
+    chosen = {}
+    for name, bps in (("slow", SLOW), ("fast", FAST)):
+        seen = Boundaries(monkeypatch)
+        r = simulate(bps)
+        assert set(r.steps.values()) == {256} and not r.rejected
+        assert r.final_consensus / r.initial_consensus <= 0.01
+        # the first boundaries run at H_MIN, before anything was measured; from step 64 on
+        # (one top-of-ramp period) every peer put its boundaries on the same steps
+        steps = seen.steps(after=64)
+        assert steps[0] and all(s == steps[0] for s in steps), steps
+        chosen[name] = {v[-1][2] for v in seen.seen.values()}
+    assert chosen["fast"] == {H_MIN}
+    assert len(chosen["slow"]) == 1 and 16 <= chosen["slow"].pop() <= 64, chosen
+
+
+def test_h_moves_up_when_the_link_slows_and_down_when_it_speeds_up(monkeypatch):
+    seen = Boundaries(monkeypatch)
+    # fast for ~5 s of simulated time, slow until 20 s, fast again
+    r = simulate(FAST, steps=512, changes=[(5.0, SLOW), (20.0, FAST)])
+    assert set(r.steps.values()) == {512}
+    for trace in seen.seen.values():
+        before = [h for t, _, h in trace if t < 5.0]
+        during = [h for t, _, h in trace if 12.0 <= t < 20.0]
+        after = [h for t, _, h in trace if t >= 20.0]
+        assert before[-1] == H_MIN and min(during) >= 16 and after[-1] <= 8, trace
+    late = seen.steps(after=400)
+    assert all(s == late[0] for s in late)
+
+
+def test_joiners_take_the_schedule_and_fall_on_the_swarms_boundaries(monkeypatch):
+    seen = Boundaries(monkeypatch)
+    r = simulate(SLOW, steps=300, churn=Churn(joins=2))
+    assert r.live[-1] == 6 and min(r.steps.values()) == 300
+    assert len(seen.seen) == 6
+    late = seen.steps(after=200)  # every peer, the joiners too, on the same steps
+    assert late[0] and all(s == late[0] for s in late), late
+
+
+def auto_peer(x=0.0, **options):
+    port = ArrayPort(np.full(6, x), "m/6", immediate=True)
+    return port, DiLoCo(CFG, port, random.Random(1), 0.0, options=DiLoCoConfig(inner_steps="auto", **options))
+
+
+def test_checkpoints_resumes_and_joiners_keep_the_schedule_and_old_states_are_refused():
+    _, peer = auto_peer()
+    peer._schedule.h, peer._schedule.h_next = 32, 64
+    resumed = auto_peer()[1]
+    resumed.load_state_dict(through_a_checkpoint(peer.state_dict()), "checkpoint")
+    assert (resumed._schedule.h, resumed._schedule.h_next) == (32, 64) and resumed.stats["inner_steps"] == 32
+    state, _ = peer.state_for_joiner()
+    joiner = auto_peer()[1]
+    joiner.load_state_dict(through_a_checkpoint(state), "peer")
+    assert (joiner._schedule.h, joiner._schedule.h_next) == (32, 64)
+    assert joiner.gate_wanted(33) and not joiner.gate_wanted(17) and joiner.after_step_wanted(64)
+    old = {k: v for k, v in peer.state_dict().items() if not k.startswith("inner_steps")}
+    with pytest.raises(ValueError, match="no 'inner_steps'"):
+        auto_peer()[1].load_state_dict(old, "checkpoint")
+    with pytest.raises(ValueError, match="rungs"):
+        auto_peer()[1].load_state_dict({**peer.state_dict(), "inner_steps": 48}, "checkpoint")
+    fixed_port = ArrayPort(np.zeros(6), "m/6", immediate=True)
+    fixed = DiLoCo(CFG, fixed_port, random.Random(1), 0.0, options=DiLoCoConfig(inner_steps=25))
+    fixed.load_state_dict(old, "checkpoint")  # a fixed H needs no schedule: the configured one holds
+    assert fixed._schedule.h == 25
+
+
+def share(inner_steps, round=0):
+    return OuterShare(round, 4, 1, "m/6", np.empty(0, np.float32), np.full(6, 0.1, np.float32),
+                      np.zeros(len(sketch_positions(6)), np.float32), np.empty(0, np.float32), (), inner_steps)
+
+
+@pytest.mark.parametrize("bad", [-1, 1 << 31])
+def test_a_malformed_proposal_is_refused(bad):
+    _, peer = auto_peer()
+    with pytest.raises(RemoteProtocolError) as e:
+        peer.receive("b", share(bad), 0.0, ["b"])
+    assert e.value.reason == "bad_value"
+
+
+def test_a_huge_proposal_is_clamped_and_an_old_format_share_is_malformed():
+    port, peer = auto_peer()
+    peer._schedule.step_s = COMPUTE_S  # measured: we propose H_MIN ourselves
+    peer._wait_ewma = 0.01
+    port.step = 4
+    peer.after_step(4, 0.0, ["b"])
+    peer.receive("b", decode(encode(share(10**9), "b"))[1], 0.1, ["b"])
+    assert peer.may_step(5, 0.1) and peer._schedule.h == H_MAX  # upper median of two: the clamped one
+    frames = encode(share(8), "b")
+    import msgpack
+    version, tag, src, values, specs = msgpack.unpackb(frames[0])
+    old = [msgpack.packb([version, tag, src, values[:-1], specs]), *frames[1:]]
+    with pytest.raises(RemoteProtocolError) as e:
+        decode(old)
+    assert e.value.reason == "malformed"
+
+
+def test_a_fixed_h_schedule_never_moves():
+    s = InnerSchedule(25, overlap=False)
+    s.step_s = COMPUTE_S
+    assert s.proposal(10.0) == 0
+    s.agree([256, 256])
+    assert s.h == 25 and s.is_boundary(50) and not s.is_boundary(60)
