@@ -28,7 +28,7 @@ SAMPLES = [
     GradientShare(round=3, step=30, degree=1, model_key="synthetic/12", grad=-PARAMS),
     GradientModelShare(round=4, step=40, degree=1, model_key="synthetic/12", grad=-PARAMS, params=PARAMS),
     OuterShare(round=6, step=600, degree=7, model_key="synthetic/12", params=PARAMS, delta=PARAMS / 3,
-               sketch=PARAMS[:4], momentum=PARAMS / 5),
+               sketch=PARAMS[:4], momentum=PARAMS / 5, inner_steps=64),
     RepairChunk(round=6, offset=12, model_key="synthetic/12", data=PARAMS.astype(np.float16)),
 ]
 

@@ -5,6 +5,7 @@ peers included), hostile proposals bounded."""
 import random
 from collections import defaultdict
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -12,6 +13,7 @@ from p2p.averaging import outer_schedule
 from p2p.averaging.diloco import DiLoCo, DiLoCoConfig, OuterShare
 from p2p.averaging.outer_copies import sketch_positions
 from p2p.averaging.outer_schedule import H_MAX, H_MIN, InnerSchedule, agreed, rung, wanted
+from p2p.cli.status_view import inner_steps_summary
 from p2p.protocol import RemoteProtocolError
 from p2p.sim.avg_config import AvgSimConfig, sim_algorithm_options, sim_averaging_config
 from p2p.sim.avg_port import ArrayPort
@@ -160,7 +162,6 @@ def test_a_huge_proposal_is_clamped_and_an_old_format_share_is_malformed():
     peer.receive("b", decode(encode(share(10**9), "b"))[1], 0.1, ["b"])
     assert peer.may_step(5, 0.1) and peer._schedule.h == H_MAX  # upper median of two: the clamped one
     frames = encode(share(8), "b")
-    import msgpack
     version, tag, src, values, specs = msgpack.unpackb(frames[0])
     old = [msgpack.packb([version, tag, src, values[:-1], specs]), *frames[1:]]
     with pytest.raises(RemoteProtocolError) as e:
@@ -174,3 +175,9 @@ def test_a_fixed_h_schedule_never_moves():
     assert s.proposal(10.0) == 0
     s.agree([256, 256])
     assert s.h == 25 and s.is_boundary(50) and not s.is_boundary(60)
+
+
+def test_status_shows_h():
+    assert inner_steps_summary({"inner_steps": 32, "inner_steps_auto": 1}) == "H 32 (auto)"
+    assert inner_steps_summary({"inner_steps": 25, "inner_steps_auto": 0}) == "H 25"
+    assert inner_steps_summary({"exchanges_started": 3}) == ""

@@ -77,6 +77,17 @@ def test_alone_diloco_with_a_unit_outer_step_is_local_training():
     np.testing.assert_allclose(params(model), params(plain), rtol=1e-5, atol=1e-6)
 
 
+def test_alone_diloco_with_auto_inner_steps_starts_at_the_smallest_h_and_shows_it():
+    model = make_model()
+    with p2p.Swarm(model, listen="127.0.0.1:0", algorithm="diloco", diloco_inner_steps="auto", **FAST) as swarm:
+        user_loop(model, swarm.wrap(torch.optim.SGD(model.parameters(), lr=0.1)), batches(2, 40))
+        avg = swarm.status()["averaging"]
+        # alone: no round is ever measured, so H stays at the first rung (outer_schedule.py)
+        assert (avg["outer_steps"], avg["inner_steps"], avg["inner_steps_auto"]) == (5, 4, 1)
+    with pytest.raises(ValueError, match="diloco_inner_steps: expected an integer >= 1 or auto"):
+        p2p.Swarm(model, algorithm="diloco", diloco_inner_steps="often")
+
+
 def test_a_step_the_grad_scaler_skips_is_not_a_swarm_step():
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -412,6 +412,7 @@ class DiLoCo(AsynchronousHooks):
 
     def _show_schedule(self) -> None:
         self.stats["inner_steps"] = self._schedule.h  # the H of the period under way, for status
+        self.stats["inner_steps_auto"] = int(self._schedule.auto)
 
     def _round_timeout(self) -> float:
         """This round's deadline (module docstring): ``ROUND_SLACK`` x the usual wait."""

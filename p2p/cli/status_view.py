@@ -19,7 +19,7 @@ def render_status(info: dict, console: Console | None = None) -> None:
     consensus = info.get("consensus")
     if consensus is not None:
         console.print(f"consensus estimate {consensus:.3g} (relative distance to partners' models)")
-    for line in (_robust_line(info), _repair_line(info)):
+    for line in (_robust_line(info), _inner_steps_line(info), _repair_line(info)):
         if line:
             console.print(line)
     line = _sync_line(info.get("sync") or {})
@@ -51,6 +51,18 @@ def repair_summary(avg: dict) -> str:
     return (f"repairs {avg['repairs_completed']}/{avg['repairs_started']} ({avg.get('repairs_failed', 0)} failed, "
             f"{avg.get('repair_rounds', 0)} rounds, {avg.get('repair_bytes', 0) / 1e6:.1f} MB pulled, "
             f"{avg.get('repair_bytes_served', 0) / 1e6:.1f} MB served)")
+
+
+def inner_steps_summary(avg: dict) -> str:
+    """DiLoCo's H now (p2p/averaging/outer_schedule.py), or "" for other algorithms."""
+    if "inner_steps" not in avg:
+        return ""
+    return f"H {avg['inner_steps']}" + (" (auto)" if avg.get("inner_steps_auto") else "")
+
+
+def _inner_steps_line(info: dict) -> str:
+    line = inner_steps_summary(info.get("averaging") or {})
+    return f"diloco {line} inner steps per outer step" if line else ""
 
 
 def _repair_line(info: dict) -> str:

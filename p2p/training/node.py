@@ -164,7 +164,7 @@ class Node:
                 "robust_exclusions": avg.get("robust_exclusions", 0),
                 "repairs": avg.get("repairs_completed"), "repairs_started": avg.get("repairs_started"),
                 "repair_rounds": avg.get("repair_rounds"),
-                "repair_bytes": avg.get("repair_bytes")})
+                "repair_bytes": avg.get("repair_bytes"), "inner_steps": avg.get("inner_steps")})
         return (f"{'done' if final else s['phase']:9s} step {s['step']:6d}  loss {s['loss']:.4f}  "
                 f"acc {s['accuracy']:.4f}  {s['steps_per_s']:6.1f} step/s  "
                 f"neighbours {len(s.get('neighbours', ()))}  exchanges {avg.get('exchanges_completed', 0)}"
@@ -172,5 +172,7 @@ class Node:
                 f"recv {s.get('bytes_received', 0) / 1e6:.1f} MB  codec {bw.get('codec', '-')}  "
                 f"pause {bw.get('interval_s', math.nan):.2f}s  rejected {sum(s.get('rejected', {}).values())}"
                 + (f"  refused {avg['robust_refused']}" if avg.get("robust_refused") else "")
+                + (f"  H {avg['inner_steps']}{' auto' if avg.get('inner_steps_auto') else ''}"
+                   if "inner_steps" in avg else "")
                 + (f"  repairs {avg['repairs_completed']}/{avg['repairs_started']} in {avg['repair_rounds']} rounds "
                    f"{avg['repair_bytes'] / 1e6:.1f} MB" if "repairs_started" in avg else ""))
