@@ -18,9 +18,19 @@ its outer parameters apart forever). The momentum buffer is a function of the av
 sequence, so peers that share that sequence share it too; copies that drifted apart have
 different momenta as well, so it travels and is mixed along with theta_start (below).
 
+H (``inner_steps``) is fixed, or with ``auto`` chosen from the link: the fewest inner steps whose
+outer exchange fits inside their compute (p2p/averaging/outer_schedule.py, after Streaming
+DiLoCo's hiding of the exchange behind the inner steps, arXiv:2501.18512 Sec. 2.2, and DiLoCo's
+finding that accuracy falls as H grows, arXiv:2311.08105 Sec. 3). Every share carries its
+sender's proposal (``inner_steps``); H is a power of two from 4 to 256 and becomes the upper
+median of the proposals of the set the round averaged, so the peers whose theta_start copies
+agree agree on H, and nested powers of two keep a peer that briefly disagrees on the swarm's
+boundaries. The schedule is part of the state (checkpoints, joiners). Only with one gossip
+round per outer step (``full``): only an exact average gives every peer the same set.
+
 Hooks (local step k):
 - ``after_step(k)``: when k is a multiple of H (the outer boundary; a joiner that adopted the
-  swarm's step count falls on the same boundaries), take theta_local = snapshot and Delta, and
+  swarm's step count and H falls on the same boundaries), take theta_local = snapshot and Delta, and
   begin the first gossip round of this outer step (OuterShare to the neighbours).
 - ``may_step(k + 1)``: without ``overlap``, False from the boundary until the last gossip
   round finished (all in or ``round_timeout_s``) and the outer step was queued:
@@ -406,7 +416,8 @@ class DiLoCo(AsynchronousHooks):
     def _agree_schedule(self, r: int, mixed) -> None:
         """H from the proposals of the set round r averaged (outer_schedule.py, rule 2)."""
         theirs = self._proposals.pop(r, {})
-        self._schedule.agree([theirs.get(j, 0) for j in mixed.senders - mixed.refused] + [self._proposal])
+        self._schedule.agree([theirs.get(j, 0) for j in mixed.senders - mixed.refused] + [self._proposal],
+                             short=bool(self._wait_for - mixed.senders))
         self._proposals = {k: v for k, v in self._proposals.items() if k > r}
         self._show_schedule()
 

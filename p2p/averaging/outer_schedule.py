@@ -23,10 +23,18 @@ make the schedule one that every peer derives alike, with no new message and no 
    too. The median keeps a minority of hostile proposals from moving H past the honest ones;
    each proposal is clamped to the ladder first. On ``full`` every peer waits for the same
    slowest link, so the proposals, and the medians of slightly different sets, rarely differ.
-3. **When it applies.** Without overlap every peer is held at the boundary that began the round,
+4. **A short round only raises H.** A round that missed a share it waited for saw less than
+   the others did, and missed it most likely because the exchange did not fit: lowering H on
+   that would split the peers most often, so such a round keeps H or raises it.
+5. **When it applies.** Without overlap every peer is held at the boundary that began the round,
    so the new H applies at once (the next boundary is the next multiple of it). With overlap the
    round ends part way through the next period, at a different step on each peer: the new H
    waits for that period's boundary (``h_next``), which every peer computed with the old H.
+
+Seen in the simulator (bench/diloco_auto_sim.py): peers that differ after a short round meet at
+the next boundary of the larger H and agree again from that round on. On a link so slow that
+membership probes queue behind the shares long enough for peers to be declared dead (0.02 Mbit/s
+there), a peer alone in its view keeps its own H: membership, not this schedule, is what fails.
 
 The schedule (H and the H that the next boundary switches to) is part of DiLoCo's state:
 checkpoints, resumes and state-sync joiners take it. A state without it (saved by an older
@@ -112,11 +120,13 @@ class InnerSchedule:
             return 0
         return wanted(exchange_s, self.step_s)
 
-    def agree(self, proposals: Iterable[int]) -> None:
-        """A round ended: H from the proposals of the set it averaged (rules 2 and 3)."""
+    def agree(self, proposals: Iterable[int], short: bool = False) -> None:
+        """A round ended: H from the proposals of the set it averaged (rules 2 and 5); a round
+        short of a share it waited for only raises H (rule 4)."""
         if not self.auto:
             return
-        self.h_next = agreed(proposals, self.h_next)
+        h = agreed(proposals, self.h_next)
+        self.h_next = max(h, self.h_next) if short else h
         if not self.overlap:
             self.h = self.h_next
 

@@ -80,6 +80,9 @@ class SwarmCollector(Collector):
         yield _gauge("p2p_neighbours", "Neighbours this round", len(s.get("neighbours") or ()))
         yield _gauge("p2p_gate_timeouts", "Steps that went on without the algorithm's go-ahead", s.get("gate_timeouts", 0))
         yield from self._robust(s, avg)
+        if "inner_steps" in avg:  # DiLoCo's H now (p2p/averaging/outer_schedule.py: fixed, or chosen by auto)
+            yield _gauge("p2p_diloco_inner_steps", "DiLoCo inner steps per outer step (H) in the period under way",
+                         avg["inner_steps"])
         if "repairs_started" in avg:  # DiLoCo's repairs of copies apart (p2p/averaging/outer_repair.py)
             repairs = CounterMetricFamily("p2p_repairs", "Repairs of theta_start copies apart, by outcome",
                                           labels=["outcome"])
