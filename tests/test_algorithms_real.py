@@ -12,13 +12,15 @@ from tests.conftest import wait_until
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
-def test_algorithm_trains_and_mixes_with_real_peers(algorithm, tmp_path):
-    steps = 300
+@pytest.mark.parametrize("variant", sorted(ALGORITHMS) + ["diloco-auto"])
+def test_algorithm_trains_and_mixes_with_real_peers(variant, tmp_path):
+    algorithm, _, auto = variant.partition("-")
+    steps = 256 if auto else 300  # auto: a multiple of every H it may choose, so the last outer step is the end
+    inner_steps = {"diloco": ["--diloco-inner-steps", auto or "20"]}.get(algorithm, [])
     args = ["--task", "synthetic", "--membership", "local", "--algorithm", algorithm,
             "--topology", natural_topology(algorithm), "--steps", str(steps), "--linger", "-1",
             "--log-every", "0", "--eval-every", "1", "--round-timeout", "2",
-            "--join-timeout", "60", "--min-members", "3"] + (["--diloco-inner-steps", "20"] if algorithm == "diloco" else [])
+            "--join-timeout", "60", "--min-members", "3"] + inner_steps
     # --min-members: the three train together. Without it, on a loaded machine the first peer
     # trained alone to step ~260 of 300 before the others had imported torch (CI); a join that
     # late is a scenario of its own, not what this test is about.
@@ -37,6 +39,9 @@ def test_algorithm_trains_and_mixes_with_real_peers(algorithm, tmp_path):
         params = [swarm.params(i) for i in range(3)]
         codes = swarm.stop()
     assert codes == [0, 0, 0]
+    if auto:  # one H on every peer, a rung of outer_schedule.LADDER
+        hs = {s["averaging"]["inner_steps"] for s in final}
+        assert len(hs) == 1 and hs.pop() in (4, 8, 16, 32, 64, 128, 256), [s["averaging"] for s in final]
     for s in final:
         assert s["step"] == steps and s["algorithm"] == algorithm
         assert s["accuracy"] > 0.65, s  # chance is 0.10; one process reaches ~0.80 here

@@ -281,6 +281,7 @@ class DiLoCo(AsynchronousHooks):
         self._schedule = InnerSchedule(self.options.inner_steps, self._overlap)
         self._proposals: dict[int, dict[str, int]] = {}
         self._proposal = 0
+        self._blocked_since: float | None = None  # when the trainer began waiting at a gate (not compute)
         self._show_schedule()
 
     @property
@@ -386,7 +387,8 @@ class DiLoCo(AsynchronousHooks):
         self._sketch = start[self._positions]
         self._sent_params = set(neighbours) if self._params_every_round else set()
         self.stats["params_sent"] += len(self._sent_params)
-        self._proposal = self._schedule.proposal(self._exchange_s())
+        # the exchange as measured: the usual wait of our rounds (outer_schedule.py, "Measured")
+        self._proposal = self._schedule.proposal(self._wait_ewma)
         sends = []
         for params, mom in ((_NO_PARAMS, _NO_PARAMS), (start, momentum)):
             to = [j for j in neighbours if (j in self._sent_params) == (params is start)]
@@ -407,11 +409,6 @@ class DiLoCo(AsynchronousHooks):
     def _keep_delta(self, round: int, src: str | None, delta: np.ndarray) -> None:
         if not self._params_every_round:  # replays are for the one-round outer steps of ``full``
             self._watch.keep_delta(round, self._rounds.round, src, delta)
-
-    def _exchange_s(self) -> float | None:
-        """How long an outer exchange takes (outer_schedule.py): the usual wait of our rounds
-        (None before a round got every share it waited for)."""
-        return self._wait_ewma
 
     def _agree_schedule(self, r: int, mixed) -> None:
         """H from the proposals of the set round r averaged (outer_schedule.py, rule 2)."""
@@ -485,7 +482,9 @@ class DiLoCo(AsynchronousHooks):
             self.port.add_delta(new_start - self.port.snapshot())
         self._start, self._shipped = new_start, None
         self._syncing = False
-        self._schedule.resumed(self.port.step, now)
+        if self._blocked_since is not None:  # the trainer waited for this round at a gate
+            self._schedule.paused(now - self._blocked_since)
+            self._blocked_since = None
         self._payload = ()
         self.stats["outer_steps"] += 1
         if self._puller.active:
@@ -532,6 +531,8 @@ class DiLoCo(AsynchronousHooks):
     def may_step(self, step: int, now: float) -> bool:
         if self._syncing and self._continue_at == math.inf:
             self._poll(now)
+        if self._syncing and self._blocked_since is None:
+            self._blocked_since = now
         return not self._syncing
 
     def may_finish(self, now: float) -> bool:

@@ -7,7 +7,7 @@ Sec. 3, Fig. 5/Table 4) loses accuracy as H grows, so the smallest H that hides 
 the one to take, and a small H early (before the first measurement: ``H_MIN``) also closes
 DiLoCo's early-accuracy gap.
 
-Every peer must put its outer boundaries on the same steps, or rounds fall apart. Three rules
+Every peer must put its outer boundaries on the same steps, or rounds fall apart. Four rules
 make the schedule one that every peer derives alike, with no new message and no coordinator:
 
 1. **A grid.** H is a rung of ``LADDER`` (4 x 2^k, 4..256) and a boundary is a step that is a
@@ -20,13 +20,14 @@ make the schedule one that every peer derives alike, with no new message and no 
    its own measurements want; 0 before it measured). When an outer round ends, H becomes the
    upper median of the proposals of the shares the round averaged (ours included, refused ones
    not): peers that averaged the same set, the peers whose theta_start copies agree, agree on H
-   too. The median keeps a minority of hostile proposals from moving H past the honest ones;
+   too. The median keeps a minority of hostile proposals from moving H past the honest ones
+   (of two peers the upper median is the larger: a pair is only as honest as its worse half);
    each proposal is clamped to the ladder first. On ``full`` every peer waits for the same
    slowest link, so the proposals, and the medians of slightly different sets, rarely differ.
-4. **A short round only raises H.** A round that missed a share it waited for saw less than
+3. **A short round only raises H.** A round that missed a share it waited for saw less than
    the others did, and missed it most likely because the exchange did not fit: lowering H on
    that would split the peers most often, so such a round keeps H or raises it.
-5. **When it applies.** Without overlap every peer is held at the boundary that began the round,
+4. **When it applies.** Without overlap every peer is held at the boundary that began the round,
    so the new H applies at once (the next boundary is the next multiple of it). With overlap the
    round ends part way through the next period, at a different step on each peer: the new H
    waits for that period's boundary (``h_next``), which every peer computed with the old H.
@@ -40,13 +41,16 @@ The schedule (H and the H that the next boundary switches to) is part of DiLoCo'
 checkpoints, resumes and state-sync joiners take it. A state without it (saved by an older
 version) is refused by an ``auto`` peer, which could not tell where the swarm's boundaries are.
 
-Measured here: the compute time per inner step, an EWMA over each period from the moment the
-trainer went on to the next boundary (without overlap the outer round's wait is left out).
-The exchange time comes from DiLoCo: the usual wait of its rounds (the bytes over the link and
-the neighbours' skew) and, as a floor, the round's bytes over the slowest link rate
-``BandwidthMonitor`` measured (repair chunks). A straggler computing 2x slower or more makes
-the others' waits grow with H itself; auto H then climbs to the top rung, where a fixed H
-does no better.
+Measured: the compute time per inner step, an EWMA over each period between two boundaries less
+the time the trainer waited at a gate for the outer round (with overlap a step time that kept
+the waits made the exchange look shorter than it was, and H stayed too small), and the
+exchange time: DiLoCo's usual wait of its rounds that got every share (diloco.py, "Round
+deadlines": the bytes over the link plus the neighbours' skew, which is what has to fit).
+Not ``BandwidthMonitor``'s rate: DiLoCo feeds it from repair chunks only (a round share's
+timing mostly measures its sender's lead), and in the simulator the chunks' request-to-reply
+rate, a floor tried first, sent H to 64 on a link that needed 8. A straggler computing 2x
+slower or more makes the others' waits grow with H itself; auto H then climbs to the top rung,
+where a fixed H does no better.
 """
 
 from __future__ import annotations
@@ -90,7 +94,8 @@ class InnerSchedule:
         self.h_next = self.h  # overlap: what the next boundary switches to
         self.overlap = overlap
         self.step_s: Optional[float] = None  # EWMA compute seconds per inner step
-        self._resumed: Optional[tuple[float, int]] = None  # (time, step) the trainer went on computing
+        self._last: Optional[tuple[float, int]] = None  # (time, step) of the last boundary
+        self._paused = 0.0  # seconds the trainer waited at gates since then
 
     def is_boundary(self, step: int) -> bool:
         return step > 0 and step % self.h == 0
@@ -102,17 +107,16 @@ class InnerSchedule:
 
     def at_boundary(self, step: int, now: float) -> None:
         """A boundary was reached: measure the period's compute, switch to ``h_next``."""
-        if self._resumed is not None:
-            t0, s0 = self._resumed
-            if step > s0 and now > t0:
-                self.step_s = ewma(self.step_s, (now - t0) / (step - s0), STEP_EWMA_ALPHA)
-        self._resumed = (now, step) if self.overlap else None
+        if self._last is not None:
+            t0, s0 = self._last
+            if step > s0 and now - t0 > self._paused:
+                self.step_s = ewma(self.step_s, (now - t0 - self._paused) / (step - s0), STEP_EWMA_ALPHA)
+        self._last, self._paused = (now, step), 0.0
         self.h = self.h_next
 
-    def resumed(self, step: int, now: float) -> None:
-        """The outer step landed and the trainer goes on (without overlap it waited till now)."""
-        if not self.overlap:
-            self._resumed = (now, step)
+    def paused(self, seconds: float) -> None:
+        """The trainer waited this long at a gate for the outer round: not compute."""
+        self._paused += seconds
 
     def proposal(self, exchange_s: Optional[float]) -> int:
         """What our share proposes: the rung our measurements want, 0 before we have both."""
@@ -121,8 +125,8 @@ class InnerSchedule:
         return wanted(exchange_s, self.step_s)
 
     def agree(self, proposals: Iterable[int], short: bool = False) -> None:
-        """A round ended: H from the proposals of the set it averaged (rules 2 and 5); a round
-        short of a share it waited for only raises H (rule 4)."""
+        """A round ended: H from the proposals of the set it averaged (rules 2 and 4); a round
+        short of a share it waited for only raises H (rule 3)."""
         if not self.auto:
             return
         h = agreed(proposals, self.h_next)
