@@ -33,6 +33,17 @@ a connection, and one of the ``max_connections`` slots, for ever). A connection 
 port that does not finish its greeting within ``handshake_ms`` is closed by libzmq (it accepts
 every connection: its count is bounded only by the rate of connections times that timeout).
 
+Dead connections: during a partition or a cut link TCP keeps the old connections and retries
+with exponential backoff (its retransmission or zero-window probe timer doubles up to two
+minutes), so after the link comes back the queued messages waited up to that long: views took
+50 s and more to merge after a 60 s partition in the lab (issue 12's fault soak; seen with
+``ss -tino``: ``persist`` timers at backoff 7-8). So the control DEALER sends ZMTP heartbeats
+and drops a connection that answers nothing for ``heartbeat_timeout_ms`` (ZeroMQ then
+re-dials every ``reconnect_ivl_max_ms`` at most, which succeeds as soon as the route is back),
+and both channels set TCP_USER_TIMEOUT (``tcp_user_timeout_ms``), after which the kernel aborts
+a connection whose data goes unacknowledged; a bulk send then fails and the next one re-dials.
+What was queued on the dead connection is lost, as a cut link loses it anyway.
+
 With a swarm key (``keyring``), every message on both channels is sealed and opened here
 (p2p/net/seal.py): control messages one by one, the bulk stream as records sealed just before
 they are written (so a message dropped from the queue unsent never consumes a record number).
@@ -75,6 +86,11 @@ class TransportConfig:
     idle_close_s: float = 120.0  # close the sockets to a peer not sent to for this long
     max_peer_sockets: int = 256  # peers with open sockets (ZeroMQ and bulk) at once; LRU closes first
     handshake_ms: int = 10_000  # an inbound ZeroMQ connection that has not said hello by then is closed
+    # A connection that stops carrying anything (a partition, a cut link) is dropped and re-dialled
+    # instead of waiting out TCP's backoff (module docstring, "Dead connections").
+    heartbeat_ivl_ms: int = 1000  # ZMTP PING on an otherwise idle control connection
+    heartbeat_timeout_ms: int = 6000  # no traffic back this long: the control connection is dropped
+    tcp_user_timeout_ms: int = 10_000  # data unacknowledged this long: the kernel aborts the connection
     bulk: BulkConfig = field(default_factory=BulkConfig)
 
 
@@ -239,6 +255,10 @@ class Transport:
             sock.setsockopt(zmq.RECONNECT_IVL, self.config.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self.config.reconnect_ivl_max_ms)
             sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            sock.setsockopt(zmq.HEARTBEAT_IVL, self.config.heartbeat_ivl_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.config.heartbeat_timeout_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TTL, self.config.heartbeat_timeout_ms)  # the receiver drops it too
+            sock.setsockopt(zmq.TCP_MAXRT, self.config.tcp_user_timeout_ms)
             try:
                 sock.connect(to_endpoint(addr))
             except (zmq.ZMQError, ValueError):  # not an address (a peer may name anything): no socket kept
@@ -312,6 +332,8 @@ class Transport:
             return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux: a send then fails instead of waiting for TCP's backoff
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, self.config.tcp_user_timeout_ms)
         err = sock.connect_ex(sockaddr)
         if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             sock.close()
