@@ -108,13 +108,15 @@ def drift_rounds(peers, drifts, rounds):
         outer_round(peers, float(k))
 
 
-def test_sparseloco_error_feedback_sends_every_deltas_mass_but_its_residual():
+@pytest.mark.parametrize("overlap", [False, True])
+def test_sparseloco_error_feedback_sends_every_deltas_mass_but_its_residual(overlap):
     """SparseLoCo's Alg. 1 with lr 1, no momentum: the outer parameters move by the sum of the
     averaged decoded Deltas, which error feedback makes the sum of the averaged Deltas minus
-    the peers' residuals (tests/test_compression.py: the codec alone sends ~2% of them)."""
+    the peers' residuals (tests/test_compression.py: the codec alone sends ~2% of them). With
+    overlap the model swaps the Delta it shipped, in full precision, for the swarm's."""
     rng = np.random.default_rng(7)
     drifts = [rng.standard_normal(N).astype(np.float32) * 0.01 + 0.01 for _ in range(3)]
-    options = DiLoCoConfig(inner_steps=1, outer_lr=1.0, outer_momentum=0.0)
+    options = DiLoCoConfig(inner_steps=1, outer_lr=1.0, outer_momentum=0.0, overlap=overlap)
     peers = [make(np.zeros(N), options, compression="sparseloco", compression_topk_fraction=0.1)
              for _ in range(3)]
     rounds = 40
@@ -226,3 +228,20 @@ def test_tag_is_pinned():
     from p2p.wire import registered_tags
 
     assert registered_tags()[66] == "OuterShareQ"
+
+
+def test_a_finished_sparseloco_peer_serves_exact_zero_deltas_and_keeps_its_residual():
+    options = DiLoCoConfig(inner_steps=1)
+    peers = [make(np.zeros(N), options, compression="sparseloco") for _ in range(2)]
+    drift_rounds(peers, [np.linspace(0, 0.02, N, dtype=np.float32)] * 2, 2)
+    (port0, done), (port1, alg) = peers
+    residual = done.state_dict()["residual"]
+    done.training_done(port0.step, 5.0)
+    port1.x -= 0.01
+    port1.step += 1
+    for s in alg.after_step(port1.step, 5.0, ["p0"]):
+        done.receive("p1", decode(encode(s.msg, "p1"))[1], 5.0, ["p1"])
+    served = done.tick(5.0, ["p1"])
+    assert [type(s.msg) for s in served] == [OuterShareQ] and done.stats["rounds_served"] == 1
+    assert not decompress(served[0].msg.payload(), N).any()
+    np.testing.assert_array_equal(done.state_dict()["residual"], residual)
