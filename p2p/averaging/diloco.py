@@ -120,7 +120,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -151,16 +151,28 @@ class DiLoCoConfig:
     """DiLoCo's own settings (Douillard et al., 2023, Sec. 2: H, the outer Nesterov step)."""
 
     inner_steps: int = 50  # H: local (inner optimizer) steps between outer synchronisations
-    outer_lr: float = 0.7  # outer learning rate on the averaged pseudo-gradient (paper: 0.7)
-    outer_momentum: float = 0.9  # outer Nesterov momentum (paper: 0.9)
+    # The outer step; None: the codec's default (``outer_defaults``): the paper's 0.7 and 0.9, or
+    # SparseLoCo's 1 and 0 with ``sparseloco`` (momentum amplifies what error feedback sends late)
+    outer_lr: float | None = None  # outer learning rate on the averaged pseudo-gradient
+    outer_momentum: float | None = None  # outer Nesterov momentum
     gossip_rounds: int = 1  # neighbour-averaging rounds of the pseudo-gradient per outer step (1 is exact on "full")
     overlap: bool = False  # the outer round runs beside the next H inner steps (module docstring, "Overlap"; gossip_rounds 1)
 
     def __post_init__(self) -> None:
         if self.inner_steps < 1 or self.gossip_rounds < 1:
             raise ValueError("inner_steps and gossip_rounds must be >= 1")
-        if not 0 < self.outer_lr < math.inf or not 0 <= self.outer_momentum < 1:
-            raise ValueError("outer_lr must be a finite number > 0 and outer_momentum in [0, 1)")
+        if self.outer_lr is not None and not 0 < self.outer_lr < math.inf:
+            raise ValueError("outer_lr must be a finite number > 0")
+        if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
+            raise ValueError("outer_momentum must be in [0, 1)")
+
+    def outer_defaults(self, compression: str) -> "DiLoCoConfig":
+        """These settings with the outer step the codec calls for where none was given: DiLoCo's
+        (Douillard et al., 2023: lr 0.7, Nesterov momentum 0.9), or SparseLoCo's for its codec
+        (Sarfi et al., 2025: lr 1, no momentum; module docstring, "Compression")."""
+        lr, momentum = (1.0, 0.0) if compression in FEEDBACK_CODECS else (0.7, 0.9)
+        return replace(self, outer_lr=lr if self.outer_lr is None else self.outer_lr,
+                       outer_momentum=momentum if self.outer_momentum is None else self.outer_momentum)
 
 
 @message(28)
@@ -224,7 +236,7 @@ class DiLoCo(AsynchronousHooks):
             raise LocalProtocolError(f"diloco cannot compress with {config.compression!r} "
                                      f"(it supports: {', '.join(CODECS)})")
         self.config = config
-        self.options = options or DiLoCoConfig()
+        self.options = (options or DiLoCoConfig()).outer_defaults(config.compression)
         feedback = config.compression in FEEDBACK_CODECS
         if feedback and self.options.gossip_rounds > 1:
             raise LocalProtocolError(f"diloco compresses with {config.compression!r} only with one gossip round "
