@@ -222,3 +222,17 @@ def test_bindings_are_bounded():
     for i in range(3):
         bindings.check(f"n:{i}", A.public)
     assert reason(bindings.check, "n:9", A.public) == "identity_mismatch"
+
+
+def test_identities_go_together_and_need_the_swarm_key(tmp_path):
+    from p2p.config import SettingError, swarm_config
+
+    key = write(tmp_path / "swarm.key", "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\n", 0o600)
+    node = write(tmp_path / "node.id", A.file_text(), 0o600)
+    allow = write(tmp_path / "allow", public_line(A.public) + "\n", 0o644)
+    for settings, problem in (({"identity": node}, "both identity"), ({"allow": allow}, "both identity"),
+                              ({"identity": node, "allow": allow}, "give swarm_key too")):
+        with pytest.raises(SettingError, match=problem):
+            swarm_config(**settings)
+    config = swarm_config(identity=node, allow=allow, swarm_key=key)
+    assert (config.identity, config.allow) == (node, allow)

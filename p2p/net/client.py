@@ -68,16 +68,18 @@ def status(addr: str, timeout_s: float = 2.0, keyring: Optional[Keyring] = None,
     return reply.info
 
 
-def state(addr: str, timeout_s: float = 5.0, keyring: Optional[Keyring] = None) -> StateReply:
-    reply = query(addr, StateRequest(), timeout_s, keyring)
+def state(addr: str, timeout_s: float = 5.0, keyring: Optional[Keyring] = None,
+          identity: Optional[Identity] = None) -> StateReply:
+    reply = query(addr, StateRequest(), timeout_s, keyring, identity)
     if not isinstance(reply, StateReply):
         raise QueryError(f"{addr} answered {type(reply).__name__} to a state request")
     return reply
 
 
-def model(addr: str, timeout_s: float = 60.0, keyring: Optional[Keyring] = None) -> ModelReply:
+def model(addr: str, timeout_s: float = 60.0, keyring: Optional[Keyring] = None,
+          identity: Optional[Identity] = None) -> ModelReply:
     """The node's current model as a safetensors blob (``p2p export --peer``)."""
-    reply = query(addr, ModelRequest(), timeout_s, keyring)
+    reply = query(addr, ModelRequest(), timeout_s, keyring, identity)
     if not isinstance(reply, ModelReply):
         raise QueryError(f"{addr} answered {type(reply).__name__} to a model request")
     return reply

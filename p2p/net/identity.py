@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import struct
 from typing import Optional, Sequence
@@ -151,9 +152,14 @@ class AllowFile(WatchedFile[frozenset]):
         return self.value
 
 
+@functools.lru_cache(maxsize=1024)  # (the allowed keys, in practice: only they reach a verification)
+def _public_key(public: bytes) -> Ed25519PublicKey:
+    return Ed25519PublicKey.from_public_bytes(public)
+
+
 def _verify(public: bytes, signature: bytes, data: bytes, what: str) -> None:
     try:
-        Ed25519PublicKey.from_public_bytes(public).verify(signature, data)
+        _public_key(public).verify(signature, data)
     except (InvalidSignature, ValueError):
         raise RemoteProtocolError("bad_signature", f"{what} signature does not verify (key {short(public)})") from None
 

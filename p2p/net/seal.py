@@ -31,6 +31,12 @@ The counter starts at 0 and the receiver expects exactly the next one, so a reco
 replayed, reordered or dropped fails its tag. The 1 MiB records keep AES-GCM on large buffers
 (fast) and the receiver's memory bounded.
 
+With per-node identities (p2p/net/identity.py) a control message's first sealed frame is its
+sender's signature over the header and the other frames (``open_signed`` checks it), and the
+bulk hello is version 2: its clear fields, the sender's public key and signature, then the tag
+over all of them; the connection key is then derived with that public key in HKDF's info
+(``"p2p bulk v2" || public key``).
+
 Every failure raises ``RemoteProtocolError`` with a countable reason: ``unauthenticated`` (a
 plain message reached a node with a key), ``no_key`` (sealed with a key we do not hold),
 ``bad_key`` (the tag does not verify: another key with a colliding id, or tampering),
