@@ -236,3 +236,48 @@ def test_identities_go_together_and_need_the_swarm_key(tmp_path):
             swarm_config(**settings)
     config = swarm_config(identity=node, allow=allow, swarm_key=key)
     assert (config.identity, config.allow) == (node, allow)
+
+
+class _Peer:  # what the driver hands accepted messages to
+    def __init__(self):
+        self.got = []
+
+    def receive(self, src, msg, now):
+        self.got.append(src)
+        return []
+
+
+def test_the_driver_binds_node_ids_refuses_another_key_logs_once_per_key_and_forgets_on_reload(tmp_path, caplog):
+    import logging
+
+    from p2p.net.driver import NetworkDriver
+    from p2p.net.ports import bind_transport
+    from p2p.net.transport import Incoming, TransportConfig
+    from p2p.gossip.messages import Ping
+
+    allow_path = tmp_path / "allow"
+    write(allow_path, f"{public_line(A.public)}\n{public_line(B.public)}\n", 0o644)
+    allow = AllowFile(str(allow_path))
+    t, addr = bind_transport(TransportConfig(), "127.0.0.1:0", RING, identity=A, allowed=allow.allowed)
+    peer = _Peer()
+    driver = NetworkDriver(t, peer, addr, dict, None, 1.0, allow_file=allow)
+
+    def deliver(src, signer):
+        driver._handle(Incoming(b"x", encode(Ping(1, src, addr), src), signer=signer))
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="p2p.events"):
+            deliver("b:1", B.public)
+            for _ in range(5):
+                deliver("b:1", A.public)  # A's key claims b:1, bound to B
+            assert peer.got == ["b:1"] and driver.rejected == {"identity_mismatch": 5}
+            assert sum("identity_mismatch" in r.getMessage() for r in caplog.records) == 1  # once for that key
+            write(allow_path, f"{public_line(A.public)}\n{public_line(C.public)}\n", 0o644)  # B off, C on
+            driver._reload_allowed()
+            assert t.allowed == {A.public, C.public} and allow.reloads == 1
+            deliver("b:1", C.public)  # b:1 re-keyed: its old binding went with B's key
+            assert peer.got == ["b:1", "b:1"]
+    finally:
+        os.close(driver._wake_read)  # (never started: nothing else to stop)
+        os.close(driver._wake_write)
+        t.close()
