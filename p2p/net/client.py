@@ -43,7 +43,9 @@ def query(addr: str, request: object, timeout_s: float = 2.0, keyring: Optional[
         if not sock.poll(int(timeout_s * 1000)):
             hint = ("is a node running there? a node with a swarm key answers only requests sealed with it: "
                     "give --swarm-key FILE" if keyring is None else
-                    "is a node running there, with a key from this swarm key file? a node without a key ignores sealed requests")
+                    "is a node running there, with a key from this swarm key file? a node without a key ignores sealed "
+                    "requests" + ("" if identity is not None else
+                                  ", and one with identities answers only requests signed by an allowed one: give --identity FILE"))
             raise QueryError(f"no answer from {addr} within {timeout_s:g}s ({hint})")
         try:
             reply_frames = sock.recv_multipart(copy=False)
