@@ -192,6 +192,7 @@ class NetworkDriver:
             if now >= self._next_housekeeping:
                 self.transport.housekeeping(now, self.peer.neighbours())
                 self._reload_keys()
+                self._reload_allowed()
                 if now >= self._next_trim:
                     self._trim_heap(now)
                 self._next_housekeeping = now + 1.0
@@ -224,7 +225,6 @@ class NetworkDriver:
                   key_id=keys.keyring.primary_id.hex(), keys=len(keys.keyring.keys))
         elif keys.last_error and keys.last_error != error:
             event("keys_unusable", f"{keys.last_error}; keeping the keys loaded before", logging.ERROR)
-        self._reload_allowed()
 
     def _reload_allowed(self) -> None:
         """Cut a machine off without a restart: take the allow file's new keys, forget the node
