@@ -281,3 +281,35 @@ def test_the_driver_binds_node_ids_refuses_another_key_logs_once_per_key_and_for
         os.close(driver._wake_read)  # (never started: nothing else to stop)
         os.close(driver._wake_write)
         t.close()
+
+
+def test_a_transport_closes_the_bulk_streams_of_a_key_taken_off_and_refuses_its_messages():
+    import time
+
+    from p2p.net.ports import bind_transport
+    from p2p.net.transport import TransportConfig
+
+    a, _ = bind_transport(TransportConfig(), "127.0.0.1:0", RING, identity=A, allowed=ALLOWED)
+    b, b_addr = bind_transport(TransportConfig(), "127.0.0.1:0", RING, identity=B, allowed=ALLOWED)
+
+    def receive_one():
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            a.receive(0.01, time.monotonic())  # (drives its sends: connect, then writes)
+            got = b.receive(0.05, time.monotonic())
+            if got:
+                return got[0]
+        pytest.fail("nothing arrived")
+
+    try:
+        a.send(b_addr, encode(big(1), "a:1"), time.monotonic())  # large: on the bulk stream
+        first = receive_one()
+        assert first.error is None and first.signer == A.public and len(b._in) == 1
+        b.done(first)
+        b.set_allowed(frozenset({B.public}))  # A taken off b's allow file
+        assert not b._in  # its stream closed at once
+        a.send(b_addr, frames_of(), time.monotonic())  # and its control messages are refused
+        assert receive_one().error.reason == "not_allowed"
+    finally:
+        a.close()
+        b.close()
