@@ -49,6 +49,12 @@ With a swarm key (``keyring``), every message on both channels is sealed and ope
 they are written (so a message dropped from the queue unsent never consumes a record number).
 A message that fails to open comes back as a rejection like any other bad input. The keyring
 may be replaced at any time (key rotation); open bulk connections keep the key they began with.
+
+With identities on top (``identity`` and ``allowed``, p2p/net/identity.py), every control
+message this node sends or answers is signed inside its seal and every bulk hello is signed;
+a message received is accepted only if signed by a key on the allow list, and comes up with
+its signer (``Incoming.signer``) for the driver to check against the sender it names. The allow
+list may be replaced at any time: bulk connections from a key no longer on it are closed.
 """
 
 from __future__ import annotations
@@ -65,8 +71,9 @@ import zmq
 
 from p2p.net.addresses import AddressError, bulk_address, parse_address, to_endpoint
 from p2p.net.bulk import BufferPool, BulkConfig, SealedReader, StreamReader, sealed_chunks, stream_parts
+from p2p.net.identity import Identity
 from p2p.net.keyring import Keyring
-from p2p.net.seal import BulkSealer, ReplayGuard, open_message, seal_message
+from p2p.net.seal import BulkSealer, ReplayGuard, open_message, open_signed, seal_message
 from p2p.protocol import RemoteProtocolError
 from p2p.wire import Limits
 
@@ -102,6 +109,7 @@ class Incoming:
     frames: Optional[list]
     error: Optional[RemoteProtocolError] = None
     finite_checked: bool = False  # the bulk reader already proved its float tensors finite
+    signer: Optional[bytes] = None  # the public key that signed it (identities on)
 
     def limits(self, limits: Limits) -> Limits:
         """The limits to ``decode`` it with: without the NaN/Inf pass the reader already made."""
@@ -194,9 +202,14 @@ def _listen_socket(listen: str) -> socket.socket:
 
 
 class Transport:
-    def __init__(self, config: TransportConfig, listen: str, keyring: Optional[Keyring] = None) -> None:
+    def __init__(self, config: TransportConfig, listen: str, keyring: Optional[Keyring] = None,
+                 identity: Optional[Identity] = None, allowed: Optional[frozenset] = None) -> None:
+        if (identity is None) != (allowed is None) or (identity is not None and keyring is None):
+            raise ValueError("identities need an identity, an allow list and a swarm key together")
         self.config = config
         self.keyring = keyring  # None: an open swarm (nothing sealed, nothing required)
+        self.identity = identity  # this node's signing key (None: identities off)
+        self.allowed = allowed  # public keys whose messages are accepted (None: identities off)
         self.guard = ReplayGuard()  # sealed control nonces and bulk salts seen lately
         self.context = zmq.Context.instance()
         self.router = self.context.socket(zmq.ROUTER)
@@ -281,7 +294,7 @@ class Transport:
                     self.sent_to.add(addr, size)
                 return queued
             if self.keyring is not None:
-                frames = seal_message(self.keyring, frames, time.time())
+                frames = seal_message(self.keyring, frames, time.time(), identity=self.identity)
             sock = self._socket(addr)
             sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -341,7 +354,7 @@ class Transport:
             return
         stream.sock, stream.connected = sock, err == 0
         if self.keyring is not None:
-            stream.sealer = BulkSealer(self.keyring, time.time())
+            stream.sealer = BulkSealer(self.keyring, time.time(), identity=self.identity)
             stream.hello = memoryview(stream.sealer.hello)
         if stream.connected:
             stream.backoff_s = 0.0
@@ -441,10 +454,20 @@ class Transport:
                     stream.sock.close()
                 stream.sock, stream.connected, stream.sealer, stream.hello = None, False, None, None
 
+    def set_allowed(self, allowed: frozenset) -> None:
+        """The allow file changed: accept only these keys from now on, and close the inbound bulk
+        connections of keys no longer on it (a removed machine must not keep a stream open)."""
+        self.allowed = allowed
+        for stream in list(self._in.values()):
+            signer = getattr(stream.reader, "signer", None)
+            if signer is not None and signer not in allowed:
+                self.transfers_abandoned += stream.reader.mid_message()
+                self._close_in(stream)
+
     def reply(self, identity: bytes, frames: list) -> bool:
         """Answer a client on the ROUTER connection its request came in on."""
         if self.keyring is not None:
-            frames = seal_message(self.keyring, frames, time.time())
+            frames = seal_message(self.keyring, frames, time.time(), identity=self.identity)
         try:
             self.router.send_multipart([identity, *frames], flags=zmq.NOBLOCK, copy=False)
         except (zmq.Again, zmq.ZMQError):
@@ -510,7 +533,7 @@ class Transport:
             sock.setblocking(False)
             reader = StreamReader(self.pool, self.config.max_message_bytes, self.config.bulk.max_header_bytes, now)
             if self.keyring is not None:
-                reader = SealedReader(reader, lambda: self.keyring, self.guard, time.time, now)
+                reader = SealedReader(reader, lambda: self.keyring, self.guard, time.time, now, lambda: self.allowed)
             self._in[sock] = _InStream(sock, reader, f"tcp:{peer[0]}:{peer[1]}".encode())
             self.poller.register(sock, zmq.POLLIN)
 
@@ -561,7 +584,8 @@ class Transport:
                     out.append(Incoming(stream.identity, None,
                                         RemoteProtocolError("non_finite", "a tensor carries NaN or Inf")))
                 else:
-                    out.append(Incoming(stream.identity, frames, finite_checked=reader.finite_checked))
+                    out.append(Incoming(stream.identity, frames, finite_checked=reader.finite_checked,
+                                        signer=getattr(reader, "signer", None)))
                 return  # one message per connection per call: other traffic gets its turn
 
     def _more(self) -> bool:
@@ -576,12 +600,16 @@ class Transport:
         if not frames:
             return Incoming(identity, None, RemoteProtocolError("malformed", "empty message"))
         self.messages_received += 1
+        signer = None
         if self.keyring is not None:
             try:
-                frames = open_message(self.keyring, self.guard, frames, time.time())
+                if self.allowed is None:
+                    frames = open_message(self.keyring, self.guard, frames, time.time())
+                else:
+                    signer, frames = open_signed(self.keyring, self.guard, frames, time.time(), self.allowed)
             except RemoteProtocolError as exc:
                 return Incoming(identity, None, _detached(exc))
-        return Incoming(identity, frames)
+        return Incoming(identity, frames, signer=signer)
 
     def done(self, incoming: Incoming) -> None:
         """The message has been handled: its receive buffer may be reused."""
