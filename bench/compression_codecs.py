@@ -23,9 +23,11 @@ CONFIGS = [
     ("bf16", {}),
     ("int8", {"block": 256}),
     ("int8", {"block": 4096}),
+    ("int4", {"block": 64}),
     ("topk", {"fraction": 0.01}),
     ("topk", {"fraction": 0.001}),
     ("sign", {"block": 1024}),
+    ("sparseloco", {"fraction": 0.02, "block": 4096}),
 ]
 
 
@@ -49,13 +51,13 @@ def main() -> None:
         mb = x.nbytes / 1e6
         t_copy, _ = best(x.copy, args.repeat)
         print(f"\n{n:,} float32 ({mb:.0f} MB); np.copy {t_copy * 1e3:.1f} ms ({mb / t_copy:,.0f} MB/s)")
-        print(f"{'codec':<22}{'compress ms':>12}{'decompress ms':>15}{'round trip MB/s':>17}{'ratio':>9}")
+        print(f"{'codec':<38}{'compress ms':>12}{'decompress ms':>15}{'round trip MB/s':>17}{'ratio':>9}")
         for name, params in CONFIGS:
             comp = make_compressor(name, **params)
             t_c, c = best(lambda comp=comp, x=x: comp.compress(x), args.repeat)
             t_d, _ = best(lambda c=c, n=n: decompress(c, n), args.repeat)
             label = name + ("(" + ",".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
-            print(f"{label:<22}{t_c * 1e3:>12.1f}{t_d * 1e3:>15.1f}{mb / (t_c + t_d):>17,.0f}"
+            print(f"{label:<38}{t_c * 1e3:>12.1f}{t_d * 1e3:>15.1f}{mb / (t_c + t_d):>17,.0f}"
                   f"{c.nbytes / x.nbytes:>9.4f}")
 
 

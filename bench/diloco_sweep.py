@@ -12,7 +12,8 @@ arrives: what the lab would give on a perfect network. Each variant runs in its 
         [--steps 1500] [--eval-at 250,500,...] [--peers 4] [--jobs 2] [--json]
 
 A variant is ``ddp``, ``compute_only`` or ``CODEC:H:OUTER_LR:OUTER_MOMENTUM`` (CODEC: none,
-one of p2p.averaging.diloco.CODECS). Prints one row per variant: accuracy (mean over peers) at each
+one of p2p.averaging.diloco.CODECS; sparseloco at its default 2% density, meant for
+``sparseloco:H:1.0:0.0``, SparseLoCo's outer rule). Prints one row per variant: accuracy (mean over peers) at each
 evaluation step, and the DiLoCo bytes each peer sent (wire payload, all rounds).
 """
 

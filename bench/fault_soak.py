@@ -75,7 +75,7 @@ from p2p.gossip.config import MembershipConfig  # noqa: E402
 from p2p.harness.lab import Lab, LabSwarm  # noqa: E402
 from p2p.harness.local_swarm import consensus_distance  # noqa: E402
 
-PREFIX, SUBNET, PORT = "p2psoak", "10.79.0.0/24", 7000
+PORT = 7000
 JOINERS = 2
 
 
@@ -92,7 +92,7 @@ class Soak:
         self.args, self.log_dir, self.faults = args, log_dir, faults
         self.n = args.peers
         self.total = self.n + (JOINERS if faults else 0)
-        self.lab = Lab(self.total, args.rate, prefix=PREFIX, subnet=SUBNET)
+        self.lab = Lab(self.total, args.rate, prefix=args.prefix, subnet=args.subnet)
         node = ["--task", args.task, "--log-format", "json", "--log-every", "0.5", "--eval-every", "2",
                 "--join-timeout", "120", "--seed", "7"]
         if args.algorithm:
@@ -397,6 +397,8 @@ def main() -> None:
     ap.add_argument("--tail", type=float, default=45.0)
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--json", action="store_true", help="print one JSON object with both runs at the end")
+    ap.add_argument("--prefix", default="p2psoak", help="lab name prefix")
+    ap.add_argument("--subnet", default="10.79.0.0/24", help="lab subnet (pick another if a lab already uses it)")
     ap.add_argument("--logs", help="keep the nodes' logs here")
     args = ap.parse_args()
     if args.kill is None:

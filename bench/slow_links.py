@@ -36,7 +36,16 @@ same way for all):
   but DDP does, so that time to it measures what averaging buys, not raw throughput;
 - accuracy_at_equal_steps: the mean accuracy of each peer's last evaluation made at or before
   ``equal_steps``, the fewest steps per peer that any method at that rate completed (so every
-  method is compared after the same number of samples, DDP cut off by --max-time included).
+  method is compared after the same number of samples, DDP cut off by --max-time included);
+  accuracy_at_fractions: the same at 20%, 40%, 60%, 80% and 100% of ``equal_steps``;
+- x ideal (ideal_s, ideal_high_s): the honest limit, ideal data parallelism: DDP's steps to the
+  target (its step curve's first evaluation at or above it; the fewest over this run's rates,
+  since exact averaging needs the same steps at any rate and slower rates are evaluated at finer
+  step intervals) x compute-only's seconds per step ((train_time_s - start_s) / steps) +
+  compute-only's start-up (start_s: launch until the last worker began training). What DDP
+  would take with infinite bandwidth. Needs ddp and compute_only in the run;
+- per-step overhead (step_overhead): train_time_s / compute-only's train_time_s - 1 (start-up
+  included in both).
 Ratios in the table (time to target / compute-only's, / DDP's at the same rate) come from this
 one run only: the machine is shared, so compare within a run, never across runs.
 
@@ -66,7 +75,7 @@ import _common  # noqa: E402,F401  (puts the repository on sys.path)
 
 from p2p.harness.lab import Lab, LabError, parse_rate, probe  # noqa: E402
 from p2p.training.task import TaskError, load_task  # noqa: E402
-from slow_links_report import compare_at_equal_steps, fmt, fmt_mb, markdown, plot  # noqa: E402
+from slow_links_report import compare_at_equal_steps, compare_with_bounds, fmt, fmt_mb, markdown, plot  # noqa: E402
 from slow_links_runs import LOCAL_SGD, Result, Settings, local_sgd_period, run_p2p, run_workers  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -87,6 +96,10 @@ P2P_CONFIGS: dict[str, list[str]] = {
     "p2p-diloco-int4-h25-overlap": ["--algorithm", "diloco", "--compression", "int4", "--diloco-inner-steps", "25",
                                     "--diloco-outer-lr", "0.5", "--diloco-outer-momentum", "0.8", "--diloco-overlap"],
     # the same with the outer round beside the next 25 inner steps (Streaming DiLoCo's overlap)
+    "p2p-diloco-sparse-h25": ["--algorithm", "diloco", "--compression", "sparseloco", "--diloco-inner-steps", "25",
+                              "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0"],
+    # SparseLoCo's round (arXiv:2508.15706): top 2% of each chunk at 2 bits with error feedback,
+    # outer lr 1 and no momentum (its rule): ~13x fewer bytes a round than int4
     "p2p-diloco-int4-hauto": ["--algorithm", "diloco", "--compression", "int4", "--diloco-inner-steps", "auto",
                               "--diloco-outer-lr", "0.5", "--diloco-outer-momentum", "0.8"],
     # H chosen from the measured link and step time (p2p/averaging/outer_schedule.py): the fewest
@@ -153,6 +166,7 @@ def run_all(rates: list[str], plan: list[tuple[str, Optional[list[str]]]], s: Se
                 if name == "compute_only":
                     compute_only = r
         compare_at_equal_steps(results[label])
+    compare_with_bounds(results)
     return results
 
 

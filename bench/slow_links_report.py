@@ -15,9 +15,13 @@ def accuracy_at_step(step_curve: list[tuple[int, float]], step: int) -> Optional
     return before[-1] if before else None
 
 
+EQUAL_STEP_FRACTIONS = (0.2, 0.4, 0.6, 0.8, 1.0)
+
+
 def compare_at_equal_steps(by_method: dict[str, Result]) -> None:
     """Accuracy of every method at the same number of steps per peer (= the same total samples):
-    the fewest any method of this rate completed, so a method cut off by --max-time counts too."""
+    the fewest any method of this rate completed, so a method cut off by --max-time counts too;
+    and at 20%, 40%, ... of that, so an early gap that closes late shows."""
     runs = [r for r in by_method.values() if r.step_curve]
     if not runs:
         return
@@ -25,6 +29,35 @@ def compare_at_equal_steps(by_method: dict[str, Result]) -> None:
     for r in runs:
         r.equal_steps = equal
         r.accuracy_at_equal_steps = accuracy_at_step(r.step_curve, equal)
+        r.accuracy_at_fractions = [(round(f * equal), accuracy_at_step(r.step_curve, round(f * equal)))
+                                   for f in EQUAL_STEP_FRACTIONS]
+
+
+def compare_with_bounds(results: dict[str, dict[str, Result]]) -> None:
+    """The ideal bound and the per-step overhead of every method (definitions in bench/slow_links.py).
+
+    Ideal data parallelism = DDP's steps to the target at compute-only's speed per step, after
+    compute-only's start-up. DDP's steps to a target do not depend on the link (the same exact
+    averaging), so the fewest over this run's rates is used: evaluations land every --eval-every
+    seconds, and the slower rate's DDP is evaluated at finer step intervals."""
+    co = next((by["compute_only"] for by in results.values() if "compute_only" in by), None)
+    ddps = [by["ddp"] for by in results.values() if "ddp" in by]
+    per_step = start = None
+    if co is not None and co.train_time_s and co.start_s is not None and co.steps:
+        start = co.start_s
+        per_step = (co.train_time_s - co.start_s) / co.steps
+
+    def ideal(steps: list[Optional[int]]) -> Optional[float]:
+        known = [k for k in steps if k is not None]
+        return None if per_step is None or not known else round(min(known) * per_step + start, 3)
+
+    ideal_s = ideal([d.steps_to_target for d in ddps])
+    ideal_high_s = ideal([d.steps_to_high for d in ddps])
+    for by_method in results.values():
+        for r in by_method.values():
+            r.ideal_s, r.ideal_high_s = ideal_s, ideal_high_s
+            if co is not None and co.train_time_s and r.train_time_s:
+                r.step_overhead = round(r.train_time_s / co.train_time_s - 1, 4)
 
 
 def fmt(x: Optional[float], digits: int = 1) -> str:
@@ -46,10 +79,10 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
              f"times are wall seconds from launch. Ratios are within this run only. "
              f"Benchmark wall time {wall_s / 60:.1f} min.",
              "",
-             "| rate | method | time to target (s) | × compute-only | × DDP | MB to target / peer "
+             "| rate | method | time to target (s) | × ideal | × compute-only | × DDP | MB to target / peer "
              "| DDP's ÷ ours | accuracy at equal steps (steps) | vs DDP (pt) | final accuracy | steps "
-             "| train time (s) | MB sent / peer | status |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| train time (s) | per-step overhead | MB sent / peer | status |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for rate, by_method in results.items():
         co = by_method.get("compute_only")
         ddp = by_method.get("ddp")
@@ -60,14 +93,21 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
             fewer = ("—" if ddp is None or name == "compute_only" or not r.bytes_to_target
                      or ddp.bytes_to_target is None else f"{ddp.bytes_to_target / r.bytes_to_target:.0f}×")
             lines.append(
-                f"| {rate} | {name} | {fmt(r.time_to_target_s)} "
+                f"| {rate} | {name} | {fmt(r.time_to_target_s)} | {_ratio(r.time_to_target_s, r.ideal_s)} "
                 f"| {_ratio(r.time_to_target_s, co.time_to_target_s if co else None)} "
                 f"| {_ratio(r.time_to_target_s, ddp.time_to_target_s if ddp else None)} "
                 f"| {fmt_mb(r.bytes_to_target)} | {fewer} | {equal} | {vs_ddp} "
                 f"| {fmt(r.final_accuracy, 4)} | {r.steps} | {fmt(r.train_time_s)} "
-                f"| {fmt_mb(r.bytes_per_peer)} | {r.status} |")
+                f"| {_percent(r.step_overhead)} | {fmt_mb(r.bytes_per_peer)} | {r.status} |")
     if s.target_high is not None:
         lines += _high_target_table(results, s)
+    lines += _equal_steps_table(results)
+    ideal = next((r for by in results.values() for r in by.values()), None)
+    lines += ["", f"Ideal bound (× ideal): DDP's steps to the target at compute-only's seconds per step, plus "
+              f"compute-only's start-up: {fmt(ideal.ideal_s if ideal else None)} s to {s.target:g}"
+              + (f", {fmt(ideal.ideal_high_s if ideal else None)} s to {s.target_high:g}" if s.target_high else "")
+              + " (— when this run has no DDP that reached it, or no finished compute-only). "
+              "Per-step overhead: train time ÷ compute-only's − 1."]
     lines += ["", "compute_only runs once (it sends nothing, so the rate does not matter) and is "
               "repeated under every rate. \"MB to target\": mean bytes a peer put on its link until "
               "the time to target (counted at the bridge: payload plus TCP/IP/Ethernet headers). "
@@ -77,6 +117,32 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
     return "\n".join(lines)
 
 
+def _percent(x: Optional[float]) -> str:
+    return "—" if x is None else f"{100 * x:+.0f}%"
+
+
+def _equal_steps_table(results: dict[str, dict[str, Result]]) -> list[str]:
+    """Accuracy at 20%, 40%, ..., 100% of the equal steps, and the gap to DDP at each."""
+    heads = [f"{round(100 * f)}%" for f in EQUAL_STEP_FRACTIONS]
+    lines = ["", "## Accuracy at equal steps", "",
+             "Mean accuracy of each method's last evaluations at or before each share of the equal steps "
+             "(in brackets: points against DDP at the same steps).", "",
+             "| rate | method | " + " | ".join(heads) + " |",
+             "| --- | --- | " + " | ".join("---:" for _ in heads) + " |"]
+    for rate, by_method in results.items():
+        ddp = by_method.get("ddp")
+        for name, r in by_method.items():
+            if not r.accuracy_at_fractions:
+                continue
+            cells = []
+            for k, (steps, acc) in enumerate(r.accuracy_at_fractions):
+                ref = ddp.accuracy_at_fractions[k][1] if ddp and len(ddp.accuracy_at_fractions) > k else None
+                gap = "" if acc is None or ref is None or name == "ddp" else f" ({100 * (acc - ref):+.1f})"
+                cells.append(f"{fmt(acc, 3)} @{steps}{gap}")
+            lines.append(f"| {rate} | {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _high_target_table(results: dict[str, dict[str, Result]], s: Settings) -> list[str]:
     """Time and bytes to the higher target, against compute-only, DDP and the better of PyTorch's
     post-local SGD runs (the ``torch-localsgd-hN`` methods) at the same rate."""
@@ -84,16 +150,16 @@ def _high_target_table(results: dict[str, dict[str, Result]], s: Settings) -> li
              "A target the unaveraged peers (compute-only) do not reach within the steps, so time to it "
              "measures what averaging buys. \"best torch-localsgd\": the faster of this rate's "
              "`torch-localsgd-hN` runs to this target.", "",
-             "| rate | method | time to target (s) | × compute-only | × DDP | × best torch-localsgd "
+             "| rate | method | time to target (s) | × ideal | × compute-only | × DDP | × best torch-localsgd "
              "| MB to target / peer | status |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for rate, by_method in results.items():
         co, ddp = by_method.get("compute_only"), by_method.get("ddp")
         local = [r.time_to_high_s for name, r in by_method.items()
                  if name.startswith("torch-localsgd-h") and r.time_to_high_s is not None]
         best_local = min(local) if local else None
         for name, r in by_method.items():
-            lines.append(f"| {rate} | {name} | {fmt(r.time_to_high_s)} "
+            lines.append(f"| {rate} | {name} | {fmt(r.time_to_high_s)} | {_ratio(r.time_to_high_s, r.ideal_high_s)} "
                          f"| {_ratio(r.time_to_high_s, co.time_to_high_s if co else None)} "
                          f"| {_ratio(r.time_to_high_s, ddp.time_to_high_s if ddp else None)} "
                          f"| {_ratio(r.time_to_high_s, best_local)} "

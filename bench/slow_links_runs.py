@@ -44,6 +44,13 @@ class Result:
     bytes_to_high: Optional[float] = None
     accuracy_at_equal_steps: Optional[float] = None  # at the steps DDP reached too (see equal_steps)
     equal_steps: Optional[int] = None
+    accuracy_at_fractions: list[tuple[int, Optional[float]]] = field(default_factory=list)  # (steps, acc) at 20..100% of equal_steps
+    start_s: Optional[float] = None  # workers: when the last one began its first step (after imports, data, rendezvous)
+    steps_to_target: Optional[int] = None  # first evaluated step at which the step curve reaches the target
+    steps_to_high: Optional[int] = None
+    ideal_s: Optional[float] = None  # the ideal bound at this rate (bench/slow_links.py, "x ideal")
+    ideal_high_s: Optional[float] = None
+    step_overhead: Optional[float] = None  # train time / compute-only's - 1
     bytes_each: list[int] = field(default_factory=list)
     curve: list[tuple[float, float]] = field(default_factory=list)  # (s since launch, mean acc)
     step_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, mean acc)
@@ -231,6 +238,8 @@ def run_workers(lab: Lab, method: str, s: Settings, log_dir: Path) -> Result:
                 by_step[i].append((int(rec.get("step", 0)), float(rec["accuracy"])))
             if rec.get("event") == "done":
                 finished[i] = t
+            if rec.get("event") == "start":
+                res.start_s = t if res.start_s is None else max(res.start_s, t)
     if method == "ddp":  # one model: rank 0's evaluations are every rank's
         series, by_step = [series[0]], [by_step[0]]
     _finish(res, lab, sent, series, by_step, steps, finished, s)
@@ -245,10 +254,12 @@ def _finish(res: Result, lab: Lab, sent: BytesSampler, series, by_step, steps, f
     res.curve = [(round(t, 3), round(a, 5)) for t, a in _common.mean_accuracy_curve(series)]
     res.step_curve = [(int(k), round(a, 5)) for k, a in _common.mean_accuracy_curve(by_step)]
     res.time_to_target_s = _common.time_to_target(res.curve, s.target)
+    res.steps_to_target = _common.time_to_target(res.step_curve, s.target)
     res.bytes_to_target = sent.at(res.time_to_target_s)
     if s.target_high is not None:
         res.time_to_high_s = _common.time_to_target(res.curve, s.target_high)
         res.bytes_to_high = sent.at(res.time_to_high_s)
+        res.steps_to_high = _common.time_to_target(res.step_curve, s.target_high)
     res.final_accuracy = res.curve[-1][1] if res.curve else None
     res.steps = min(steps) if steps else 0
     res.train_time_s = (round(max(f for f in finished), 3)

@@ -27,6 +27,7 @@ from p2p.compression import COMPRESSORS
 from p2p.gossip.config import PRESETS as MEMBERSHIP_PRESETS
 from p2p.gossip.config import MembershipConfig
 from p2p.net.addresses import bulk_address, parse_address
+from p2p.net.identity import load_allow_file, load_identity_file
 from p2p.net.keyring import load_key_file
 from p2p.net.transport import TransportConfig
 from p2p.protocol import LocalProtocolError
@@ -73,8 +74,14 @@ class SwarmConfig:
     keep_checkpoints: int = 2  # checkpoint files kept
     hostile: Optional[str] = None  # test-only: corrupt what this member sends (p2p/averaging/hostile.py)
     swarm_key: Optional[str] = None  # key file (p2p/net/keyring.py): seal every message with it; None: an open swarm
+    identity: Optional[str] = None  # this node's identity file (p2p/net/identity.py): sign every message with it
+    allow: Optional[str] = None  # allow file: accept only messages signed by the public keys it lists
 
     def __post_init__(self) -> None:
+        if (self.identity is None) != (self.allow is None):
+            raise ValueError("identities need both identity (this node's key) and allow (the keys it accepts)")
+        if self.identity is not None and self.swarm_key is None:
+            raise ValueError("identities sign inside the swarm key's seal: give swarm_key too (p2p keygen)")
         if self.sync.window > self.transport.bulk.max_pending_per_peer:
             raise ValueError(f"sync.window {self.sync.window} exceeds the {self.transport.bulk.max_pending_per_peer} "
                              f"large messages the transport queues per peer: chunks would be dropped")
@@ -182,6 +189,21 @@ def _inner_steps(value: Any) -> Any:
     return _number(value, low=1, low_ok=True, integer=True)
 
 
+def _identity_file(value: Any) -> str:
+    """A usable identity file (read now, like the swarm key)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"expected an identity file path, got {value!r}")
+    load_identity_file(value)
+    return value
+
+
+def _allow_file(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"expected an allow file path, got {value!r}")
+    load_allow_file(value)
+    return value
+
+
 def _seed(value: Any) -> int:
     return int(_number(value, low=-math.inf, integer=True))
 
@@ -226,9 +248,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("compression", "averaging", "compression", lambda v: _choice(v, COMPRESSION_NAMES),
             "Tensor compression: " + ", ".join(COMPRESSION_NAMES) + " (auto: adapt to the link)."),
     Setting("compression_block", "averaging", "compression_block", lambda v: _number(v, integer=True),
-            "Block size for int8/int4/sign compression."),
+            "Block size for int8/int4/sign compression (sparseloco: its chunk, at most 16384)."),
     Setting("topk_fraction", "averaging", "compression_topk_fraction", lambda v: float(_number(v, high=1, high_ok=True)),
-            "Fraction of entries topk keeps (default 0.01)."),
+            "Fraction of entries topk keeps (default 0.01), or sparseloco per chunk (default 0.02)."),
     Setting("bandwidth_aware", "averaging", "bandwidth_aware", _flag,
             "Adapt the averaging interval and partners to measured links."),
     Setting("comm_fraction", "averaging", "comm_fraction", lambda v: float(_number(v, high=1, high_ok=True)),
@@ -238,9 +260,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("diloco_inner_steps", "diloco", "inner_steps", _inner_steps,
             "DiLoCo: local steps between outer synchronisations, or auto: the fewest whose exchange fits in their compute."),
     Setting("diloco_outer_lr", "diloco", "outer_lr", lambda v: float(_number(v)),
-            "DiLoCo: outer (Nesterov) learning rate on the averaged pseudo-gradient."),
+            "DiLoCo: outer (Nesterov) learning rate on the averaged pseudo-gradient (default 0.7; 1 with sparseloco)."),
     Setting("diloco_outer_momentum", "diloco", "outer_momentum", lambda v: float(_number(v, low_ok=True, high=1)),
-            "DiLoCo: outer Nesterov momentum, in [0, 1)."),
+            "DiLoCo: outer Nesterov momentum, in [0, 1) (default 0.9; 0 with sparseloco)."),
     Setting("diloco_gossip_rounds", "diloco", "gossip_rounds", lambda v: _number(v, low=1, low_ok=True, integer=True),
             "DiLoCo: gossip rounds per outer step (1 is exact on the full graph)."),
     Setting("diloco_overlap", "diloco", "overlap", _flag,
@@ -273,6 +295,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "Clip or refuse a neighbour's model/update far from ours and shun repeat offenders (ClippedGossip; default on)."),
     Setting("swarm_key", "swarm", "swarm_key", _key_file,
             "Key file (`p2p keygen`, mode 600): authenticate and encrypt every message with it; members need the same key."),
+    Setting("identity", "swarm", "identity", _identity_file,
+            "This node's identity file (`p2p keygen --identity`, mode 600): sign every message with it (needs --swarm-key and --allow)."),
+    Setting("allow", "swarm", "allow", _allow_file,
+            "Allow file: the public keys (`p2p keygen --public FILE`) whose messages are accepted, one a line; re-read when it changes."),
     Setting("hostile", "swarm", "hostile", lambda v: _choice(v, HOSTILE_MODES),
             "Test-only: corrupt every averaging message this member sends: " + ", ".join(HOSTILE_MODES) + "."),
 )}
@@ -313,7 +339,12 @@ def swarm_config(**settings: Any) -> SwarmConfig:
     averaging.setdefault("max_interval_s", max(AveragingConfig.max_interval_s, averaging.get("interval_s", 0.0)))
     averaging_config = _build("averaging", AveragingConfig, averaging)
     options = _build(algorithm, config_class(algorithm), own) if own else None
-    config = SwarmConfig(averaging=averaging_config, options=options, sync=_build("sync", SyncConfig, sync), **swarm)
+    try:
+        config = SwarmConfig(averaging=averaging_config, options=options, sync=_build("sync", SyncConfig, sync), **swarm)
+    except ValueError as exc:  # identities without their companions
+        if not {"identity", "allow"} & checked.keys():
+            raise
+        raise SettingError("identity" if "identity" in checked else "allow", str(exc)) from None
     check_runnable(config)
     return config
 

@@ -79,12 +79,24 @@ def test_configs_validate(config, bad):
 
 
 def test_each_algorithm_takes_its_own_settings():
-    assert DiLoCoConfig().outer_lr == 0.7 and not AveragingConfig().staleness_aware
+    assert not AveragingConfig().staleness_aware
     for name, cls in ALGORITHMS.items():
         avg = make_averager(name, CFG, ArrayPort(np.zeros(4)), random.Random(0), 0.0)
         assert isinstance(avg.options, cls.Config)
     with pytest.raises(ValueError, match="DiLoCoConfig"):
         make_averager("diloco", CFG, ArrayPort(np.zeros(4)), random.Random(0), 0.0, options=ElasticConfig())
+
+
+@pytest.mark.parametrize("codec, given, expected", [
+    ("int4", {}, (0.7, 0.9)),  # DiLoCo's outer Nesterov step
+    ("sparseloco", {}, (1.0, 0.0)),  # SparseLoCo's: momentum would amplify what error feedback sends late
+    ("sparseloco", {"outer_momentum": 0.5}, (1.0, 0.5)),  # what the user set stands
+    ("none", {"outer_lr": 0.3}, (0.3, 0.9)),
+])
+def test_diloco_takes_the_outer_step_its_codec_calls_for_unless_told(codec, given, expected):
+    avg = make_averager("diloco", AveragingConfig(compression=codec), ArrayPort(np.zeros(4)), random.Random(0), 0.0,
+                        options=DiLoCoConfig(**given))
+    assert (avg.options.outer_lr, avg.options.outer_momentum) == expected
 
 
 # -- D-PSGD ----------------------------------------------------------------------------------

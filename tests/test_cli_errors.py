@@ -56,6 +56,10 @@ def one_error_line(lines):
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--diloco-outer-lr", "nan"], "--diloco-outer-lr: must be a finite number"),
     (["--listen", "127.0.0.1:7000", "--round-timeout", "inf"], "--round-timeout: must be a finite number"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--compression", "topk"], "diloco does not support"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--compression", "sparseloco", "--diloco-gossip-rounds", "2"],
+     "only with one gossip round"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--compression", "sparseloco", "--compression-block", "20000"],
+     "sparseloco block must be an int in [1, 16384]"),
 ])
 def test_bad_flags_and_task_specs(args, needle):
     if "--device" in args:

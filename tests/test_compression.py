@@ -42,7 +42,7 @@ def roundtrip(name, x, **params):
 
 
 def test_registry_names():
-    assert list(COMPRESSORS) == ["none", "fp16", "bf16", "int8", "int4", "topk", "sign"]
+    assert list(COMPRESSORS) == ["none", "fp16", "bf16", "int8", "int4", "topk", "sign", "sparseloco"]
     with pytest.raises(ValueError, match="available"):
         make_compressor("zip")
     with pytest.raises(ValueError):
@@ -51,6 +51,8 @@ def test_registry_names():
         make_compressor("topk", fraction=0)
     with pytest.raises(ValueError):
         make_compressor("sign", block=0)
+    with pytest.raises(ValueError):
+        make_compressor("sparseloco", block=2**14 + 1)  # offsets would not fit their 14 bits
 
 
 def test_compressor_from_config_reads_optional_attributes():
@@ -63,6 +65,8 @@ def test_compressor_from_config_reads_optional_attributes():
     assert compressor_from_config(Cfg()).block == 512
     Cfg.compression = "topk"
     assert compressor_from_config(Cfg()).fraction == 0.05
+    Cfg.compression = "sparseloco"
+    assert (compressor_from_config(Cfg()).fraction, compressor_from_config(Cfg()).block) == (0.05, 512)
 
 
 @pytest.mark.parametrize("bad", [np.zeros(4), np.zeros((2, 2), np.float32), [1.0, 2.0]])
@@ -251,6 +255,34 @@ def test_sign_keeps_signs_and_block_mean_magnitude(x, block):
     assert (np.sign(out[kept]) == np.sign(x[kept])).all()
 
 
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(moderate, st.sampled_from([0.01, 0.03, 0.3, 1.0]), st.sampled_from([1, 7, 64, 4096]))
+def test_sparseloco_keeps_each_chunks_k_largest_within_its_documented_bound(x, fraction, block):
+    c, out = roundtrip("sparseloco", x, fraction=fraction, block=block)
+    k = min(block, math.ceil(fraction * block))
+    for lo in range(0, x.size, block):
+        a, d = np.abs(x[lo:lo + block]), out[lo:lo + block]
+        kept = np.zeros(a.size, bool)
+        kept[(c.arrays[0][lo // block * k:][:min(k, a.size)] >> 2).astype(int)] = True
+        assert kept.sum() == -(-k * a.size // block)  # the last, shorter chunk at the same density
+        if (~kept).any():  # the kept ones are the largest: no dropped |x| above a kept one
+            assert a[~kept].max() <= a[kept].min()
+            assert (d[~kept] == 0).all()
+        spread = a[kept].max() - a[kept].min()
+        assert (np.abs(x[lo:lo + block][kept] - d[kept]) <= spread * (1 + 1e-6) + 1e-30).all()
+        assert len(np.unique(np.abs(d[kept]))) <= 2  # two magnitude levels per chunk
+        signs = x[lo:lo + block][kept] != 0
+        assert (np.sign(d[kept][signs]) == np.sign(x[lo:lo + block][kept][signs])).all()
+
+
+def test_sparseloco_levels_are_the_means_of_the_two_halves():
+    x = np.float32([0, 9, -1, 0, 3, 0, -5, 0.5])  # one chunk, k = 4: |9|, |-5|, |3|, |-1|
+    c, out = roundtrip("sparseloco", x, fraction=0.5, block=8)
+    np.testing.assert_array_equal(c.arrays[1], [2, 7])  # mean(1, 3), mean(5, 9)
+    np.testing.assert_array_equal(out, [0, 7, -2, 0, 2, 0, -7, 0])
+    assert list(c.arrays[0]) == [1 << 2 | 1, 2 << 2 | 2, 4 << 2, 6 << 2 | 3]
+
+
 # -- sizes ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, params, expect", [
@@ -263,19 +295,22 @@ def test_sign_keeps_signs_and_block_mean_magnitude(x, block):
     ("topk", {"fraction": 0.01}, 6 * math.ceil(0.01 * 2**20)),  # int32 index + float16 value
     ("topk", {"fraction": 0.01, "values": "float32"}, 8 * math.ceil(0.01 * 2**20)),
     ("sign", {"block": 1024}, 2**20 // 8 + 4 * 2**20 // 1024),
+    ("sparseloco", {"fraction": 0.02, "block": 4096}, 2 * 82 * 256 + 8 * 256),  # k = ceil(0.02 * 4096) = 82
 ])
 def test_compressed_sizes(name, params, expect):
     x = np.random.default_rng(0).standard_normal(2**20).astype(np.float32)
     c = make_compressor(name, **params).compress(x)
     assert nbytes(c) == c.nbytes == expect
     ratio = expect / x.nbytes
-    assert {"int8": 0.25 <= ratio < 0.26, "int4": 0.125 <= ratio < 0.141, "topk": 0.01 < ratio <= 0.021, "sign": 1 / 32 <= ratio < 0.035}.get(name, True)
+    assert {"int8": 0.25 <= ratio < 0.26, "int4": 0.125 <= ratio < 0.141, "topk": 0.01 < ratio <= 0.021, "sign": 1 / 32 <= ratio < 0.035,
+            "sparseloco": 0.01 < ratio < 0.011}.get(name, True)
 
 
 # -- error feedback ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, params", [("topk", {"fraction": 0.01}), ("sign", {"block": 64}),
-                                          ("int8", {"block": 64}), ("fp16", {})])
+                                          ("int8", {"block": 64}), ("fp16", {}),
+                                          ("sparseloco", {"fraction": 0.02, "block": 500})])
 def test_error_feedback_running_sum_tracks_the_inputs(name, params):
     """sum_t D(c_t) = sum_t x_t - e_T, and the residual e_T stays bounded (it does not grow
     with T): the property that makes EF-SGD converge."""
@@ -296,7 +331,7 @@ def test_error_feedback_running_sum_tracks_the_inputs(name, params):
         norms.append(np.linalg.norm(e))
     x_norm = np.linalg.norm(np.ones(n) * 1.04)  # ~ ||x||
     assert max(norms[steps // 2:]) <= 1.5 * max(norms[: steps // 2]) + 1e-6  # not growing
-    assert max(norms) <= {"topk": 150, "sign": 10, "int8": 1, "fp16": 1}[name] * x_norm
+    assert max(norms) <= {"topk": 150, "sign": 10, "int8": 1, "fp16": 1, "sparseloco": 100}[name] * x_norm
     # and so the time-averaged transmission converges to the time-averaged input
     assert np.abs(sent - meant).max() / steps < 0.2
 
@@ -338,7 +373,7 @@ def test_tag_is_pinned():
 
 @pytest.mark.parametrize("name, params", [("none", {}), ("fp16", {}), ("bf16", {}), ("int8", {"block": 100}),
                                           ("int4", {"block": 100}), ("topk", {"fraction": 0.05}), ("topk", {"values": "float32"}),
-                                          ("sign", {"block": 100})])
+                                          ("sign", {"block": 100}), ("sparseloco", {"block": 100})])
 def test_wire_round_trip(name, params):
     x = np.random.default_rng(2).standard_normal(1001).astype(np.float32)
     c = make_compressor(name, **params).compress(x)
@@ -363,6 +398,13 @@ def _frames(codec, numel, meta, data, aux, stream="s", seq=1):
 f32, i32, u8 = np.float32, np.int32, np.uint8
 NONE = np.empty(0, u8)
 SIGN_BITS = np.zeros(2, u8)
+
+
+def _sparse(offsets, code=3):
+    return (np.uint16(offsets) << 2) | np.uint16(code)
+
+
+SPARSE = _sparse([0, 3, 1, 2, 1])
 
 
 @pytest.mark.parametrize("codec, numel, meta, data, aux, reason", [
@@ -409,8 +451,31 @@ SIGN_BITS = np.zeros(2, u8)
     ("sign", 16, [8], SIGN_BITS, np.float32([1, -2]), "non_finite"),
     ("sign", 16, [-8], SIGN_BITS, np.zeros(2, f32), "bad_payload"),
     ("sign", 16, [8], SIGN_BITS.astype(np.int8), np.zeros(2, f32), "bad_payload"),
+    # sparseloco, 10 elements in chunks of 4 (4, 4, 2), k = 2 (1 in the last): 5 codes, 3 level pairs
+    ("sparseloco", 10, [4, 2], SPARSE, np.zeros(6, f32), "ok"),  # the well-formed record below
+    ("sparseloco", 10, [4, 2], SPARSE[:4], np.zeros(6, f32), "bad_payload"),
+    ("sparseloco", 10, [4, 2], _sparse([0, 3, 1, 2, 0, 1]), np.zeros(6, f32), "bad_payload"),
+    ("sparseloco", 10, [4, 2], SPARSE, np.zeros(4, f32), "bad_payload"),
+    ("sparseloco", 10, [4, 2], SPARSE.astype(np.int16), np.zeros(6, f32), "bad_payload"),
+    ("sparseloco", 10, [4], SPARSE, np.zeros(6, f32), "bad_payload"),
+    ("sparseloco", 10, [4, 5], SPARSE, np.zeros(6, f32), "bad_payload"),  # k > block
+    ("sparseloco", 10, [4, 0], SPARSE, np.zeros(6, f32), "bad_payload"),
+    ("sparseloco", 10, [2**14 + 1, 2], SPARSE, np.zeros(2, f32), "bad_payload"),
+    ("sparseloco", 10, [4, True], SPARSE, np.zeros(6, f32), "bad_payload"),
+    ("sparseloco", 2**31 - 1, [4, 2], SPARSE, np.zeros(6, f32), "bad_payload"),  # hostile size
+    ("sparseloco", 10, [4, 2], SPARSE, np.float32([1, 2, np.nan, 1, 1, 1]), "non_finite"),
+    ("sparseloco", 10, [4, 2], SPARSE, np.float32([1, 2, np.inf, 1, 1, 1]), "non_finite"),
+    ("sparseloco", 10, [4, 2], SPARSE, np.float32([1, -2, 1, 1, 1, 1]), "non_finite"),
+    ("sparseloco", 10, [4, 2], _sparse([0, 4, 1, 2, 1]), np.zeros(6, f32), "bad_payload"),  # offset 4 of 4
+    ("sparseloco", 10, [4, 2], _sparse([0, 3, 1, 2, 2]), np.zeros(6, f32), "bad_payload"),  # past numel
+    ("sparseloco", 10, [4, 2], _sparse([3, 1, 1, 2, 1]), np.zeros(6, f32), "bad_payload"),  # unsorted
+    ("sparseloco", 10, [4, 2], _sparse([0, 3, 2, 2, 1]), np.zeros(6, f32), "bad_payload"),  # duplicate
 ])
 def test_malformed_payloads_are_rejected_on_decode(codec, numel, meta, data, aux, reason):
+    if reason == "ok":  # a control: the rows around it break one thing each
+        _, msg = decode(_frames(codec, numel, meta, data, aux))
+        assert decompress(msg.payload(), numel).shape == (numel,)
+        return
     with pytest.raises(RemoteProtocolError) as info:
         decode(_frames(codec, numel, meta, data, aux))
     assert info.value.reason == reason

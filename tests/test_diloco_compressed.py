@@ -80,7 +80,7 @@ def params_carried(sends):
     return {(src, x.to): x.msg.params.size for src, out in sends.items() for x in out}
 
 
-@pytest.mark.parametrize("codec", ["none", "int8", "int4"])
+@pytest.mark.parametrize("codec", ["none", "int8", "int4", "sparseloco"])
 def test_theta_start_stays_home_while_the_copies_agree(codec):
     rng = np.random.default_rng(1)
     peers = [make(np.zeros(N), compression=codec) for _ in range(3)]
@@ -93,6 +93,66 @@ def test_theta_start_stays_home_while_the_copies_agree(codec):
     sent = sends["p0"][0].msg
     if codec == "int4":
         assert len(sent.data) < N * 4 / 7  # int4 Delta: about an eighth of the float32 bytes
+    if codec == "sparseloco":  # one chunk of 1000: ceil(82 * 1000 / 4096) = 21 uint16 codes, 2 levels
+        assert sent.data.nbytes + sent.aux.nbytes == 2 * 21 + 8
+    for port, alg in peers[1:]:  # the same decoded pseudo-gradients: the same copies
+        np.testing.assert_allclose(alg.outer_parameters, peers[0][1].outer_parameters, rtol=0, atol=1e-6)
+
+
+def drift_rounds(peers, drifts, rounds):
+    """Outer rounds in which peer i's inner steps move it by drifts[i] (whatever its model)."""
+    for k in range(rounds):
+        for (port, _), d in zip(peers, drifts):
+            port.x -= d
+            port.step += 1
+        outer_round(peers, float(k))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_sparseloco_error_feedback_sends_every_deltas_mass_but_its_residual(overlap):
+    """SparseLoCo's Alg. 1 with lr 1, no momentum: the outer parameters move by the sum of the
+    averaged decoded Deltas, which error feedback makes the sum of the averaged Deltas minus
+    the peers' residuals (tests/test_compression.py: the codec alone sends ~2% of them). With
+    overlap the model swaps the Delta it shipped, in full precision, for the swarm's."""
+    rng = np.random.default_rng(7)
+    drifts = [rng.standard_normal(N).astype(np.float32) * 0.01 + 0.01 for _ in range(3)]
+    options = DiLoCoConfig(inner_steps=1, outer_lr=1.0, outer_momentum=0.0, overlap=overlap)
+    peers = [make(np.zeros(N), options, compression="sparseloco", compression_topk_fraction=0.1)
+             for _ in range(3)]
+    rounds = 40
+    drift_rounds(peers, drifts, rounds)
+    meant = -rounds * np.mean(drifts, axis=0)  # where the uncompressed run would be
+    residual = np.mean([alg.state_dict()["residual"] for _, alg in peers], axis=0)
+    for port, alg in peers:
+        np.testing.assert_allclose(alg.outer_parameters, meant + residual, rtol=0, atol=1e-4)
+        np.testing.assert_allclose(port.x, alg.outer_parameters, rtol=0, atol=1e-6)
+    gap = np.linalg.norm(peers[0][1].outer_parameters - meant) / np.linalg.norm(meant)
+    assert gap < 0.2  # the residual is a few rounds' worth, not forty
+    drift_rounds(peers, drifts, rounds)  # ... and it does not grow
+    assert np.linalg.norm(np.mean([alg.state_dict()["residual"] for _, alg in peers], axis=0)) \
+        < 1.5 * np.linalg.norm(residual)
+
+
+def test_sparseloco_residual_is_checkpointed_but_never_taken_from_a_donor():
+    options = DiLoCoConfig(inner_steps=1)
+    peers = [make(np.zeros(N), options, compression="sparseloco") for _ in range(2)]
+    drift_rounds(peers, [np.full(N, 0.01, np.float32), np.linspace(0, 0.02, N, dtype=np.float32)], 3)
+    state = peers[0][1].state_dict()
+    assert np.abs(state["residual"]).max() > 0
+    port, restored = make(peers[0][0].x, options, compression="sparseloco")
+    restored.load_state_dict(state, "checkpoint")
+    np.testing.assert_array_equal(restored.state_dict()["residual"], state["residual"])
+    _, joiner = make(peers[0][1].outer_parameters, options, compression="sparseloco")
+    joiner.load_state_dict(state, "peer")
+    assert not joiner.state_dict()["residual"].any()
+    assert "residual" not in peers[0][1].state_for_joiner()[0]
+    old = {k: v for k, v in state.items() if k != "residual"}  # written by a run without feedback
+    restored.load_state_dict(old, "checkpoint")
+    assert not restored.state_dict()["residual"].any()
+    with pytest.raises(ValueError, match="residual"):
+        restored.load_state_dict({**state, "residual": np.full(N, np.nan, np.float32)}, "checkpoint")
+    _, dense = make(np.zeros(N), options, compression="int4")
+    assert "residual" not in dense.state_dict()
 
 
 # Copies apart are repaired by a pull from one donor: tests/test_diloco_repair.py.
@@ -153,16 +213,35 @@ def test_compressed_shares_round_trip_the_wire_and_bad_ones_are_rejected():
 
 
 def test_codecs_diloco_accepts_and_refuses():
-    for codec in ("fp16", "bf16", "int8", "int4"):
+    for codec in ("fp16", "bf16", "int8", "int4", "sparseloco"):
         check_combination("diloco", "full", codec)
     for codec in ("topk", "sign", "auto"):
         with pytest.raises(ValueError, match="diloco does not support"):
             check_combination("diloco", "full", codec)
     with pytest.raises(LocalProtocolError):
         make(np.zeros(N), compression="topk")
+    with pytest.raises(LocalProtocolError, match="one gossip round"):  # feedback covers our own Delta only
+        make(np.zeros(N), DiLoCoConfig(gossip_rounds=2), compression="sparseloco")
 
 
 def test_tag_is_pinned():
     from p2p.wire import registered_tags
 
     assert registered_tags()[66] == "OuterShareQ"
+
+
+def test_a_finished_sparseloco_peer_serves_exact_zero_deltas_and_keeps_its_residual():
+    options = DiLoCoConfig(inner_steps=1)
+    peers = [make(np.zeros(N), options, compression="sparseloco") for _ in range(2)]
+    drift_rounds(peers, [np.linspace(0, 0.02, N, dtype=np.float32)] * 2, 2)
+    (port0, done), (port1, alg) = peers
+    residual = done.state_dict()["residual"]
+    done.training_done(port0.step, 5.0)
+    port1.x -= 0.01
+    port1.step += 1
+    for s in alg.after_step(port1.step, 5.0, ["p0"]):
+        done.receive("p1", decode(encode(s.msg, "p1"))[1], 5.0, ["p1"])
+    served = done.tick(5.0, ["p1"])
+    assert [type(s.msg) for s in served] == [OuterShareQ] and done.stats["rounds_served"] == 1
+    assert not decompress(served[0].msg.payload(), N).any()
+    np.testing.assert_array_equal(done.state_dict()["residual"], residual)

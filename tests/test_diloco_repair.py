@@ -108,9 +108,15 @@ def agree(swarm, names):
     return all(np.allclose(swarm.alg(n).outer_parameters, ref, rtol=0, atol=1e-4) for n in names[1:])
 
 
-def test_a_copy_apart_is_pulled_from_one_donor_and_rounds_return_to_int4():
+# Payload bytes of one round share, pseudo-gradient plus ~4 KB of sketch and header: int4 (N/2
+# and a scale per 64), sparseloco (2 bytes per kept entry, 2% of N, and 8 per chunk of 4096).
+SHARE = {"int4": N // 2 + 4096, "sparseloco": 2 * (N // 50 + 82) + 8 * (N // 4096 + 1) + 4096}
+
+
+@pytest.mark.parametrize("codec", ["int4", "sparseloco"])
+def test_a_copy_apart_is_pulled_from_one_donor_and_rounds_return_to_compressed_deltas(codec):
     rng = np.random.default_rng(0)
-    s = Swarm(starts(4, apart={3}))
+    s = Swarm(starts(4, apart={3}), codec=codec)
     per_round = []
     for _ in range(6):
         before = s.bytes_now()
@@ -123,9 +129,8 @@ def test_a_copy_apart_is_pulled_from_one_donor_and_rounds_return_to_int4():
     served = [s.alg(n).stats["repair_bytes_served"] for n in ("p0", "p1", "p2")]
     assert sorted(served) == [0, 0, 6 * N] and p3.stats["repair_bytes"] == 6 * N
     assert agree(s, s.names)
-    # No theta_start in any round share; the last rounds carry int4 Deltas only (~N/2 bytes per neighbour).
-    int4_round = 3 * (N // 2 + 4096)
-    assert all(b < int4_round * 1.3 for b in per_round[-1].values())
+    # No theta_start in any round share; the last rounds carry compressed Deltas only.
+    assert all(b < 3 * SHARE[codec] * 1.3 for b in per_round[-1].values())
     assert s.kinds["p3"].get("RepairRequest", 0) < 2000
 
 
@@ -141,9 +146,10 @@ def test_the_repaired_model_keeps_its_inner_progress():
     np.testing.assert_allclose(alg.outer_parameters, s.alg("p0").outer_parameters, atol=1e-4)
 
 
-def test_a_peer_cut_off_for_two_rounds_is_repaired_and_the_others_do_not_wait_for_it_each_round():
+@pytest.mark.parametrize("codec", ["int4", "sparseloco"])
+def test_a_peer_cut_off_for_two_rounds_is_repaired_and_the_others_do_not_wait_for_it_each_round(codec):
     rng = np.random.default_rng(2)
-    s = Swarm(starts(4))
+    s = Swarm(starts(4), codec=codec)
     for _ in range(3):
         s.outer_round(rng)
     usual = {n: s.gate_waits[n] for n in s.names}
@@ -164,8 +170,7 @@ def test_a_peer_cut_off_for_two_rounds_is_repaired_and_the_others_do_not_wait_fo
     assert agree(s, s.names)
     assert s.alg("p3").stats["repairs_completed"] == 1
     assert sum(s.alg(n).stats["repairs_started"] for n in s.names) == 1
-    int4_round = 4 * 3 * (N // 2 + 4096)
-    assert all(b < int4_round * 1.3 for b in per_round[-2:]), per_round
+    assert all(b < 4 * 3 * SHARE[codec] * 1.3 for b in per_round[-2:]), per_round
 
 
 def test_a_failed_repair_never_grows_and_backs_off():

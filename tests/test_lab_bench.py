@@ -52,6 +52,41 @@ def test_methods_are_compared_at_the_fewest_steps_any_completed():
     assert slow_links_report.accuracy_at_step([(10, 0.5)], 5) is None
 
 
+def test_accuracy_is_also_compared_at_fifths_of_the_equal_steps():
+    ddp = slow_links_runs.Result("ddp", "20mbit", step_curve=[(50, 0.2), (100, 0.3), (200, 0.5)])
+    ours = slow_links_runs.Result("p2p-x", "20mbit", step_curve=[(40, 0.1), (120, 0.35), (400, 0.7)])
+    slow_links_report.compare_at_equal_steps({"ddp": ddp, "p2p-x": ours})
+    assert [k for k, _ in ours.accuracy_at_fractions] == [40, 80, 120, 160, 200]
+    assert [a for _, a in ours.accuracy_at_fractions] == [0.1, 0.1, 0.35, 0.35, 0.35]
+    assert [a for _, a in ddp.accuracy_at_fractions] == [None, 0.2, 0.3, 0.3, 0.5]
+
+
+def test_the_ideal_bound_is_ddps_steps_at_compute_only_speed_after_its_start_up():
+    s = slow_links_runs.Settings("t", 4, 1000, 0, 1.0, 0.5, 600, target=0.8, target_high=0.9)
+    co = slow_links_runs.Result("compute_only", "unlimited", train_time_s=110.0, start_s=10.0, steps=1000)
+    fast_ddp = slow_links_runs.Result("ddp", "unlimited", steps_to_target=480, steps_to_high=None)
+    slow_ddp = slow_links_runs.Result("ddp", "20mbit", steps_to_target=450, steps_to_high=700)
+    ours = slow_links_runs.Result("p2p-x", "20mbit", time_to_target_s=110.0, train_time_s=132.0)
+    results = {"unlimited": {"compute_only": co, "ddp": fast_ddp},
+               "20mbit": {"compute_only": slow_links_runs.Result(**{**co.__dict__, "rate": "20mbit"}),
+                          "ddp": slow_ddp, "p2p-x": ours}}
+    slow_links_report.compare_with_bounds(results)
+    assert ours.ideal_s == pytest.approx(450 * 0.1 + 10.0)  # the fewest DDP steps over the rates
+    assert ours.ideal_high_s == pytest.approx(700 * 0.1 + 10.0)
+    assert ours.step_overhead == pytest.approx(0.2)
+    table = slow_links_report.markdown(results, s, wall_s=60.0)
+    assert "| 20mbit | p2p-x | 110.0 | 2.00 |" in table  # time to target ÷ ideal
+    assert "+20%" in table and "## Accuracy at equal steps" in table
+
+
+def test_no_ideal_bound_without_a_ddp_that_reached_the_target():
+    co = slow_links_runs.Result("compute_only", "20mbit", train_time_s=110.0, start_s=10.0, steps=1000)
+    ddp = slow_links_runs.Result("ddp", "20mbit")  # cut off by --max-time before the target
+    ours = slow_links_runs.Result("p2p-x", "20mbit", time_to_target_s=50.0, train_time_s=100.0)
+    slow_links_report.compare_with_bounds({"20mbit": {"compute_only": co, "ddp": ddp, "p2p-x": ours}})
+    assert ours.ideal_s is None and ours.step_overhead == pytest.approx(100 / 110 - 1, abs=1e-4)
+
+
 def test_bytes_to_target_is_read_at_the_first_sample_at_or_after_the_time():
     class FakeLab:
         sent = [0, 0]

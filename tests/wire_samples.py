@@ -46,7 +46,10 @@ SAMPLES += [OuterShareQ(**_Q, round=2, step=100, degree=3, model_key="synthetic/
                         sketch=PARAMS[:4], momentum=-PARAMS),
             OuterShareQ(**_Q, round=3, step=150, degree=3, model_key="synthetic/12",
                         params=np.empty(0, dtype=np.float32), sketch=PARAMS[:4],
-                        momentum=np.empty(0, dtype=np.float32))]
+                        momentum=np.empty(0, dtype=np.float32)),
+            OuterShareQ(**compressed_fields(make_compressor("sparseloco", fraction=0.5, block=4).compress(PARAMS)),
+                        round=4, step=200, degree=3, model_key="synthetic/12", params=np.empty(0, dtype=np.float32),
+                        sketch=PARAMS[:4], momentum=np.empty(0, dtype=np.float32))]
 
 # State sync (44..47) and the model export (48, 49).
 from p2p.net.control import ModelReply, ModelRequest  # noqa: E402

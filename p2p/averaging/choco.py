@@ -139,7 +139,8 @@ class ChocoGossip(AsynchronousHooks):
     # Public copies x-hat_j only make sense for neighbours that stay neighbours: a graph that
     # changes every round (hypercube, one-peer-exponential) would reset them constantly.
     needs_static_topology = True
-    CODECS = ("none", "fp16", "bf16", "int8", "int4", "topk", "sign")  # any codec: that is CHOCO's point
+    # any codec is CHOCO's point (sparseloco, made for DiLoCo's error feedback, is not tried here)
+    CODECS = ("none", "fp16", "bf16", "int8", "int4", "topk", "sign")
 
     name = "choco"
     natural_topology = "ring"  # the paper's; any symmetric graph (ring, torus, exponential, full) works

@@ -68,13 +68,27 @@ and its theta_start copy keeps following theta_start: the swarm ends in agreemen
 dilutes the average pseudo-gradient by the share of finished peers (the outer step of a swarm
 where only some still train is that much shorter). Finished peers never begin a round.
 
-Compression (``compression`` = fp16, bf16, int8 or int4; p2p/compression), after the compressed
-pseudo-gradients of Douillard et al., "Streaming DiLoCo", arXiv:2501.18512, 2025, Sec. 2.3:
-Delta travels as Q(Delta) in an ``OuterShareQ``, and each peer mixes its *own decoded*
+Compression (``compression`` = fp16, bf16, int8, int4 or sparseloco; p2p/compression), after
+the compressed pseudo-gradients of Douillard et al., "Streaming DiLoCo", arXiv:2501.18512, 2025,
+Sec. 2.3: Delta travels as Q(Delta) in an ``OuterShareQ``, and each peer mixes its *own decoded*
 D(Q(Delta)) with the others' (as compressed AD-PSGD does), so on ``full`` every peer still
-computes the same averaged pseudo-gradient and the same outer step. No error feedback: each
-outer step's quantisation error is a fresh ~1/254 (int8) or ~1/14 (int4) of a block's largest
-entry, not a bias; Streaming DiLoCo finds 4 bits lose nothing, as bench/diloco_sweep.py does here.
+computes the same averaged pseudo-gradient and the same outer step. No error feedback for the
+dense codecs: each outer step's quantisation error is a fresh ~1/254 (int8) or ~1/14 (int4) of a
+block's largest entry, not a bias; Streaming DiLoCo finds 4 bits lose nothing, as
+bench/diloco_sweep.py does here. ``sparseloco`` (chunked top-k at 1-3% density, 2-bit values)
+drops most of each Delta, a bias that only error feedback undoes, as in SparseLoCo (Sarfi et al.,
+arXiv:2508.15706, 2025, Alg. 1): each peer keeps the residual e of its own Deltas, sends
+Q(Delta + e) and keeps e <- Delta + e - D(Q(Delta + e)), so what Q leaves out of one round goes
+out in a later one. e is private (it never travels, a joiner starts from zero, a donor's state
+carries none) and part of the peer's checkpoint. It survives a repair of theta_start: the repair
+moves theta_start and the model by the same difference, so the inner progress e stands for is
+still ours to send. Finished peers serve exact zero Deltas and leave e alone. Only with one
+gossip round per outer step (``full``): a mix compressed again in every round of a sparse graph
+has no single sender to feed back to. SparseLoCo also drops the outer momentum (a decayed e
+stands in for it), and so should a run here: ``outer_lr`` 1 and ``outer_momentum`` 0 (the
+paper's rule but for its decay of e by beta < 1 per round, not done here). With momentum 0.9 the
+mass that e sends late is amplified: in the simulator (tests/test_avgsim_convergence.py) the
+optimality gap ended at 1.7x the initial one, against 0.03-0.04x with momentum 0.
 
 theta_start never travels in the rounds on ``full`` (``gossip_rounds`` = 1). Every share carries
 a sketch of the sender's theta_start (a few hundred entries at fixed positions). Peers that mixed
@@ -116,7 +130,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -134,7 +148,8 @@ from p2p.compression.messages import CompressedFields, compressed_fields
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
 
-CODECS = ("none", "fp16", "bf16", "int8", "int4")  # unbiased enough without error feedback (docstring)
+FEEDBACK_CODECS = ("sparseloco",)  # biased: sent with error feedback (module docstring, "Compression")
+CODECS = ("none", "fp16", "bf16", "int8", "int4") + FEEDBACK_CODECS
 _NO_PARAMS = np.empty(0, dtype=np.float32)
 ROUND_SLACK = 3.0  # a round waits at most this many times its usual wait (module docstring)
 MIN_ROUND_TIMEOUT_S = 2.0
@@ -147,8 +162,10 @@ class DiLoCoConfig:
     """DiLoCo's own settings (Douillard et al., 2023, Sec. 2: H, the outer Nesterov step)."""
 
     inner_steps: int | str = 50  # H: local (inner optimizer) steps between outer synchronisations, or "auto" (outer_schedule.py)
-    outer_lr: float = 0.7  # outer learning rate on the averaged pseudo-gradient (paper: 0.7)
-    outer_momentum: float = 0.9  # outer Nesterov momentum (paper: 0.9)
+    # The outer step; None: the codec's default (``outer_defaults``): the paper's 0.7 and 0.9, or
+    # SparseLoCo's 1 and 0 with ``sparseloco`` (momentum amplifies what error feedback sends late)
+    outer_lr: float | None = None  # outer learning rate on the averaged pseudo-gradient
+    outer_momentum: float | None = None  # outer Nesterov momentum
     gossip_rounds: int = 1  # neighbour-averaging rounds of the pseudo-gradient per outer step (1 is exact on "full")
     overlap: bool = False  # the outer round runs beside the next H inner steps (module docstring, "Overlap"; gossip_rounds 1)
 
@@ -161,8 +178,18 @@ class DiLoCoConfig:
         if h == "auto" and self.gossip_rounds > 1:
             raise ValueError("inner_steps 'auto' needs gossip_rounds 1 (the full graph): peers agree on H from "
                              "the set a round averaged, which only an exact one-round average gives them all")
-        if not 0 < self.outer_lr < math.inf or not 0 <= self.outer_momentum < 1:
-            raise ValueError("outer_lr must be a finite number > 0 and outer_momentum in [0, 1)")
+        if self.outer_lr is not None and not 0 < self.outer_lr < math.inf:
+            raise ValueError("outer_lr must be a finite number > 0")
+        if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
+            raise ValueError("outer_momentum must be in [0, 1)")
+
+    def outer_defaults(self, compression: str) -> "DiLoCoConfig":
+        """These settings with the outer step the codec calls for where none was given: DiLoCo's
+        (Douillard et al., 2023: lr 0.7, Nesterov momentum 0.9), or SparseLoCo's for its codec
+        (Sarfi et al., 2025: lr 1, no momentum; module docstring, "Compression")."""
+        lr, momentum = (1.0, 0.0) if compression in FEEDBACK_CODECS else (0.7, 0.9)
+        return replace(self, outer_lr=lr if self.outer_lr is None else self.outer_lr,
+                       outer_momentum=momentum if self.outer_momentum is None else self.outer_momentum)
 
 
 @message(28)
@@ -228,7 +255,11 @@ class DiLoCo(AsynchronousHooks):
             raise LocalProtocolError(f"diloco cannot compress with {config.compression!r} "
                                      f"(it supports: {', '.join(CODECS)})")
         self.config = config
-        self.options = options or DiLoCoConfig()
+        self.options = (options or DiLoCoConfig()).outer_defaults(config.compression)
+        feedback = config.compression in FEEDBACK_CODECS
+        if feedback and self.options.gossip_rounds > 1:
+            raise LocalProtocolError(f"diloco compresses with {config.compression!r} only with one gossip round "
+                                     "per outer step (its error feedback covers our own Delta, not a mix)")
         self.port = port
         self._compressor = None if config.compression == "none" else compressor_from_config(config)
         self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0}
@@ -272,6 +303,8 @@ class DiLoCo(AsynchronousHooks):
         self._shipped: np.ndarray | None = None  # overlap: our own Delta of the round in flight, in full precision
         self._payload: tuple[np.ndarray, ...] = ()
         self._packed = None  # Q(Delta) of the round in flight, when compressing
+        # Error feedback (module docstring, "Compression"): what Q left out of our own Deltas
+        self._residual = np.zeros_like(self._start) if feedback else None
         self._continue_at = math.inf  # when tick() begins the next gossip round
         self._done = False  # the trainer finished: answer the neighbours' outer rounds
         self._serving: int | None = None  # the round a finished peer begins at its next tick
@@ -302,8 +335,11 @@ class DiLoCo(AsynchronousHooks):
         return self._syncing
 
     def state_dict(self) -> dict:
-        return {"theta_start": self._start.copy(), "momentum": self._momentum.copy(), "round": self._rounds.round,
-                **self._schedule.state_dict()}
+        state = {"theta_start": self._start.copy(), "momentum": self._momentum.copy(), "round": self._rounds.round,
+                 **self._schedule.state_dict()}
+        if self._residual is not None:
+            state["residual"] = self._residual.copy()
+        return state
 
     def state_for_joiner(self) -> tuple[dict, np.ndarray]:
         """What a joiner takes: the outer momentum and round, and as its model the outer
@@ -328,9 +364,17 @@ class DiLoCo(AsynchronousHooks):
         momentum = state_array(state, "momentum", self.port.numel)
         self._schedule.load_state_dict(state)
         self._show_schedule()
+        residual = None
+        if self._residual is not None:
+            # Ours from our checkpoint (one written without error feedback has none: zero). A
+            # donor's residual is the donor's own unsent progress, never ours: start from zero.
+            residual = state_array(state, "residual", self.port.numel) if source != "peer" and "residual" in state \
+                else np.zeros_like(start)
         self._rounds.resume_at(state_int(state, "round"))
         self._start, self._momentum = start, momentum
         self._sketch = start[self._positions]
+        if residual is not None:
+            self._residual = residual
 
     def next_deadline(self) -> float:
         if self._outbox or ((self._puller.done is not None or self._watch.replay is not None) and not self._syncing):
@@ -362,12 +406,19 @@ class DiLoCo(AsynchronousHooks):
         self._syncing, self._serving, self._continue_at = True, served, now
         self.stats["rounds_served"] += 1
 
-    def _set_payload(self, start: np.ndarray, delta: np.ndarray, momentum: np.ndarray) -> None:
-        """The round's (theta_start, Delta, momentum), Delta as the neighbours will decode it."""
+    def _set_payload(self, start: np.ndarray, delta: np.ndarray, momentum: np.ndarray, own: bool = False) -> None:
+        """The round's (theta_start, Delta, momentum), Delta as the neighbours will decode it.
+        ``own``: Delta is our own pseudo-gradient, which error feedback tops up (docstring)."""
         self._packed = None
         if self._compressor is not None:
+            feedback = own and self._residual is not None
+            if feedback:
+                delta = delta + self._residual
             self._packed = self._compressor.compress(delta)
-            delta = decompress(self._packed, delta.size)
+            decoded = decompress(self._packed, delta.size)
+            if feedback:
+                self._residual = delta - decoded
+            delta = decoded
         self._payload = (start, delta, momentum)
 
     def _begin(self, now: float, neighbours: Sequence[str]) -> list[Send]:
@@ -552,7 +603,7 @@ class DiLoCo(AsynchronousHooks):
             self.stats["boundaries_skipped"] += 1
             return []
         shipped = self._start - self.port.snapshot()
-        self._set_payload(self._start, shipped, self._momentum)
+        self._set_payload(self._start, shipped, self._momentum, own=True)
         self._shipped = shipped if self._overlap else None
         self._syncing = True
         return self._begin(now, neighbours)

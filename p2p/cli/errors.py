@@ -47,3 +47,18 @@ def read_key_file(path: Optional[str]):
         return load_key_file(path)
     except KeyFileError as exc:
         raise CliError(f"--swarm-key: {exc}") from None
+
+
+def read_identity_file(path: Optional[str], keyring: object):
+    """The identity in ``--identity FILE`` (None without one); a bad file is one line."""
+    if path is None:
+        return None
+    if keyring is None:
+        raise CliError("--identity signs inside the swarm key's seal: give --swarm-key too")
+    from p2p.net.identity import load_identity_file
+    from p2p.net.keyring import KeyFileError
+
+    try:
+        return load_identity_file(path)
+    except KeyFileError as exc:
+        raise CliError(f"--identity: {exc}") from None

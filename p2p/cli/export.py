@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from p2p.cli.errors import CliError, check_address, positive, read_key_file
+from p2p.cli.errors import CliError, check_address, positive, read_identity_file, read_key_file
 
 FORMATS = ("torch", "safetensors")
 
@@ -20,6 +20,8 @@ def export(
     timeout: float = typer.Option(60.0, help="With --peer: seconds to wait for the model."),
     swarm_key: Optional[str] = typer.Option(None, "--swarm-key", envvar="P2P_SWARM_KEY",
                                             help="With --peer: the swarm's key file, if it has one."),
+    identity: Optional[str] = typer.Option(None, "--identity", envvar="P2P_IDENTITY",
+                                           help="With --peer: an identity file on the node's allow file, if it has identities on."),
 ) -> None:
     """Write a model's state_dict: load it with ``model.load_state_dict(torch.load(OUT))``
     (or ``safetensors.torch.load_file(OUT)``)."""
@@ -37,7 +39,8 @@ def export(
 
         check_address("--peer", peer, allow_wildcard=False)
         try:
-            reply = model(peer, timeout, read_key_file(swarm_key))
+            keyring = read_key_file(swarm_key)
+            reply = model(peer, timeout, keyring, read_identity_file(identity, keyring))
             state = from_bytes_unchecked(bytes(reply.data))
         except (QueryError, StateError) as exc:
             raise CliError(f"--peer {peer}: {exc}", code=1) from None

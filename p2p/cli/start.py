@@ -77,6 +77,8 @@ def start(
     choco_gamma: Optional[float] = _opt("choco_gamma"),
     robust_mixing: Optional[bool] = _opt("robust_mixing", None, "--robust-mixing/--no-robust-mixing"),
     swarm_key: Optional[str] = _opt("swarm_key"),
+    identity: Optional[str] = _opt("identity"),
+    allow: Optional[str] = _opt("allow"),
     hostile: Optional[str] = _opt("hostile", None, "--hostile", hidden=True),
     state_sync: Optional[bool] = _opt("state_sync", None, "--state-sync/--no-state-sync"),
     sync_optimizer: Optional[bool] = _opt("sync_optimizer", None, "--sync-optimizer/--no-sync-optimizer"),

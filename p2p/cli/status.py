@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from p2p.cli.errors import CliError, check_address, positive, read_key_file
+from p2p.cli.errors import CliError, check_address, positive, read_identity_file, read_key_file
 
 
 def status(
@@ -20,6 +20,9 @@ def status(
     timeout: float = typer.Option(3.0, help="Seconds to wait for each answer."),
     swarm_key: Optional[str] = typer.Option(None, "--swarm-key", envvar="P2P_SWARM_KEY",
                                             help="The swarm's key file: a node with a key answers only requests sealed with it."),
+    identity: Optional[str] = typer.Option(None, "--identity", envvar="P2P_IDENTITY",
+                                           help="An identity file whose public key is on the nodes' allow file "
+                                                "(a node with identities answers only requests signed by one)."),
 ) -> None:
     """Show a running node's member table and training progress (or the whole swarm's)."""
     from p2p.cli.status_view import render_status
@@ -32,16 +35,17 @@ def status(
     if watch and (not swarm or as_json):
         raise CliError("--watch goes with --swarm, and not with --json")
     keyring = read_key_file(swarm_key)
+    signer = read_identity_file(identity, keyring)
     try:
         if swarm:
             from p2p.cli import swarm_view
 
             if watch:
                 try:
-                    swarm_view.watch(peer, timeout, every, keyring=keyring)
+                    swarm_view.watch(peer, timeout, every, keyring=keyring, identity=signer)
                 except KeyboardInterrupt:
                     return
-            rows = swarm_view.swarm_rows(peer, timeout, keyring)
+            rows = swarm_view.swarm_rows(peer, timeout, keyring, signer)
             if as_json:
                 print(json.dumps(swarm_view.json_rows(rows), sort_keys=True, default=str))
             else:
@@ -49,7 +53,7 @@ def status(
 
                 Console().print(swarm_view.table(rows, peer))
             return
-        info = query_status(peer, timeout, keyring)
+        info = query_status(peer, timeout, keyring, signer)
     except QueryError as exc:
         raise CliError(str(exc), code=1) from None
     if as_json:

@@ -100,6 +100,7 @@ def _sync_line(sync: dict) -> str:
 
 
 SEAL_REASONS = ("unauthenticated", "no_key", "bad_key", "replay")  # p2p/net/seal.py
+IDENTITY_REASONS = ("unsigned", "not_allowed", "bad_signature", "identity_mismatch")  # p2p/net/identity.py
 
 
 def security_line(info: dict) -> str:
@@ -111,5 +112,12 @@ def security_line(info: dict) -> str:
         return "security: open (no --swarm-key: anyone who reaches this node can join and read the models)"
     rejected = info.get("rejected") or {}
     counts = ", ".join(f"{r} {rejected.get(r, 0)}" for r in SEAL_REASONS)
-    return (f"security: {security['summary']}; rejected {counts}"
+    line = (f"security: {security['summary']}; rejected {counts}"
             + (f"; key file: {security['key_file_error']}" if security.get("key_file_error") else ""))
+    ids = security.get("identities")
+    if ids:
+        counts = ", ".join(f"{r} {rejected.get(r, 0)}" for r in IDENTITY_REASONS)
+        line += (f"\nidentities: signed as {ids['public_key']}, {ids['allowed']} keys allowed "
+                 f"({ids['allow_file']}), {ids['bound_ids']} node ids bound; rejected {counts}"
+                 + (f"; allow file: {ids['allow_file_error']}" if ids.get("allow_file_error") else ""))
+    return line

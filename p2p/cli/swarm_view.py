@@ -17,12 +17,14 @@ from rich.live import Live
 from rich.table import Table
 
 from p2p.net.client import QueryError, status
+from p2p.net.identity import Identity
 from p2p.net.keyring import Keyring
 
 
-def swarm_rows(peer: str, timeout_s: float, keyring: Optional[Keyring] = None) -> list[dict[str, Any]]:
+def swarm_rows(peer: str, timeout_s: float, keyring: Optional[Keyring] = None,
+               identity: Optional[Identity] = None) -> list[dict[str, Any]]:
     """One row per member ``peer`` lists (itself included): its own status, or why not."""
-    first = status(peer, timeout_s, keyring)
+    first = status(peer, timeout_s, keyring, identity)
     members = {m["addr"]: m for m in first.get("members", [])}
     members.setdefault(first["addr"], {"id": first["id"], "addr": first["addr"], "state": "alive", "last_heard_s": 0.0})
 
@@ -34,7 +36,7 @@ def swarm_rows(peer: str, timeout_s: float, keyring: Optional[Keyring] = None) -
         if row["state"] in ("dead", "left"):
             return {**row, "reachable": False, "error": row["state"]}
         try:
-            return {**row, "reachable": True, "status": status(addr, timeout_s, keyring)}
+            return {**row, "reachable": True, "status": status(addr, timeout_s, keyring, identity)}
         except QueryError as exc:
             return {**row, "reachable": False, "error": str(exc)}
 
@@ -74,13 +76,13 @@ def json_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def watch(peer: str, timeout_s: float, every_s: float, console: Optional[Console] = None,
-          keyring: Optional[Keyring] = None) -> None:
+          keyring: Optional[Keyring] = None, identity: Optional[Identity] = None) -> None:
     """Redraw the table every ``every_s`` until interrupted (Ctrl-C)."""
     console = console or Console()
-    with Live(table(swarm_rows(peer, timeout_s, keyring), peer), console=console, refresh_per_second=4) as live:
+    with Live(table(swarm_rows(peer, timeout_s, keyring, identity), peer), console=console, refresh_per_second=4) as live:
         while True:
             time.sleep(every_s)
             try:
-                live.update(table(swarm_rows(peer, timeout_s, keyring), peer))
+                live.update(table(swarm_rows(peer, timeout_s, keyring, identity), peer))
             except QueryError as exc:
                 live.update(Table(title=f"{peer} does not answer: {exc}"))

@@ -1,5 +1,6 @@
-"""Compression on the tensor path: codecs (none, fp16, bf16, int8, topk, sign) behind a name
-registry, error feedback, and the wire message that carries a compressed tensor.
+"""Compression on the tensor path: codecs (none, fp16, bf16, int8, int4, topk, sign,
+sparseloco) behind a name registry, error feedback, and the wire message that carries a
+compressed tensor.
 
 - ``codecs``: ``Compressed`` records, ``COMPRESSORS``, ``make_compressor``, ``validate``,
   ``decompress`` (pure numpy, vectorised).

@@ -40,7 +40,7 @@ from typing import Callable, Optional
 import msgpack
 import numpy as np
 
-from p2p.net.seal import HELLO_BYTES, LENGTH, RECORD_BYTES, TAG_BYTES, BulkOpener, ReplayGuard
+from p2p.net.seal import LENGTH, RECORD_BYTES, TAG_BYTES, BulkOpener, ReplayGuard, hello_bytes
 from p2p.net.keyring import Keyring
 from p2p.protocol import RemoteProtocolError
 from p2p.wire import all_finite
@@ -239,15 +239,17 @@ class SealedReader:
     """A ``StreamReader`` behind the swarm key's records (module docstring); the same interface."""
 
     def __init__(self, inner: StreamReader, keyring: Callable[[], Keyring], guard: ReplayGuard,
-                 wall_clock: Callable[[], float], now: float) -> None:
+                 wall_clock: Callable[[], float], now: float,
+                 allowed: Callable[[], Optional[frozenset]] = lambda: None) -> None:
         self.inner = inner
         self.keyring = keyring  # () -> the keyring now (it may be rotated before the hello arrives)
+        self.allowed = allowed  # () -> the identities' allow list now (None: identities off)
         self.guard = guard
         self.wall_clock = wall_clock  # () -> seconds since the epoch (the hello's replay window)
         self.last_progress = now
         self._opener: Optional[BulkOpener] = None
         self._phase = "hello"
-        self._buf = bytearray(HELLO_BYTES)
+        self._buf = bytearray(hello_bytes(allowed() is not None))
         self._have = 0
         self._record = bytearray(0)  # grown on demand, up to one record, once the hello checked out
 
@@ -264,6 +266,11 @@ class SealedReader:
         """The id of the key the sender sealed with (None until its hello arrived)."""
         return self._opener.key_id if self._opener is not None else None
 
+    @property
+    def signer(self) -> Optional[bytes]:
+        """The public key that signed the hello (None: not yet, or identities off)."""
+        return self._opener.signer if self._opener is not None else None
+
     def mid_message(self) -> bool:
         return self._have > 0 or self._phase == "record" or self.inner.mid_message()
 
@@ -276,7 +283,7 @@ class SealedReader:
         if self._have < len(self._buf):
             return None
         if self._phase == "hello":
-            self._opener = BulkOpener(self.keyring(), self.guard, bytes(self._buf), self.wall_clock())
+            self._opener = BulkOpener(self.keyring(), self.guard, bytes(self._buf), self.wall_clock(), self.allowed())
             self._expect("length", LENGTH.size)
             return None
         if self._phase == "length":

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 import zmq
 
 from p2p.net.heap import release_free_memory
+from p2p.net.identity import AllowFile, Bindings
 from p2p.net.keyring import KeyFile
 from p2p.net.control import ModelReply, ModelRequest, StateReply, StateRequest, StatusReply, StatusRequest
 from p2p.events import event
@@ -36,6 +37,8 @@ if TYPE_CHECKING:  # the trainer's side of the averager's hooks (p2p/training/st
 
 log = logging.getLogger("p2p.net.driver")
 REJECT_LOG_EVERY_S = 10.0  # rejected messages: one log line per this long (and the first of each reason)
+IDENTITY_REASONS = ("unsigned", "not_allowed", "bad_signature", "identity_mismatch")  # p2p/net/identity.py
+MAX_LOGGED_KEYS = 256
 # Give the heap's free memory back (p2p/net/heap.py) every TRIM_EVERY_S while messages arrive
 # at TRIM_AFTER_MESSAGES or more a period (a flood), and once more in the period after one ends.
 TRIM_EVERY_S = 5.0
@@ -57,9 +60,12 @@ class NetworkDriver:
                  status_info: Callable[[], dict], state_reply: Callable[[], StateReply],
                  shutdown_grace_s: float, hooks: StepHooks | None = None,
                  limits: Limits = DEFAULT_LIMITS, model_reply: Callable[[], ModelReply] | None = None,
-                 tamper: Callable[[object], object] | None = None, key_file: KeyFile | None = None) -> None:
+                 tamper: Callable[[object], object] | None = None, key_file: KeyFile | None = None,
+                 allow_file: AllowFile | None = None) -> None:
         self.transport = transport
         self.key_file = key_file  # re-read when it changes (key rotation); transport.keyring follows
+        self.allow_file = allow_file  # identities' allow file, re-read likewise; transport.allowed follows
+        self.bindings = Bindings()  # node id -> the allowed key first seen with it (identities on)
         self.tamper = tamper  # test-only: a hostile peer rewrites what it sends (p2p/averaging/hostile.py)
         self.peer = peer
         self.advertise = advertise
@@ -79,6 +85,7 @@ class NetworkDriver:
         transport.poller.register(self._wake_read, zmq.POLLIN)
         self.rejected: Counter[str] = Counter()
         self._next_reject_log = 0.0
+        self._logged_keys: set[tuple[str, str]] = set()  # (reason, key) already logged once (identities)
         self.stop_requested = threading.Event()
         self.finished = threading.Event()
         self.error: BaseException | None = None
@@ -185,6 +192,7 @@ class NetworkDriver:
             if now >= self._next_housekeeping:
                 self.transport.housekeeping(now, self.peer.neighbours())
                 self._reload_keys()
+                self._reload_allowed()
                 if now >= self._next_trim:
                     self._trim_heap(now)
                 self._next_housekeeping = now + 1.0
@@ -218,6 +226,22 @@ class NetworkDriver:
         elif keys.last_error and keys.last_error != error:
             event("keys_unusable", f"{keys.last_error}; keeping the keys loaded before", logging.ERROR)
 
+    def _reload_allowed(self) -> None:
+        """Cut a machine off without a restart: take the allow file's new keys, forget the node
+        ids bound to keys taken off it, close their bulk connections."""
+        allow = self.allow_file
+        if allow is None:
+            return
+        error = allow.last_error
+        if allow.reload_if_changed():
+            self.transport.set_allowed(allow.allowed)
+            self.bindings.keep_only(allow.allowed)
+            self._logged_keys.clear()  # a key put back on and off again is logged again
+            event("allow_reloaded", f"allow file reloaded: {len(allow.allowed)} keys", logging.WARNING,
+                  keys=len(allow.allowed))
+        elif allow.last_error and allow.last_error != error:
+            event("allow_unusable", f"{allow.last_error}; keeping the keys loaded before", logging.ERROR)
+
     def _handle(self, incoming: Incoming) -> None:
         now = time.monotonic()
         if incoming.error is not None:  # (not re-raised: its traceback would hold ``incoming``, a cycle)
@@ -235,6 +259,8 @@ class NetworkDriver:
             if isinstance(msg, ModelRequest) and self.model_reply is not None:
                 self.transport.reply(incoming.identity, encode(self.model_reply(), self.advertise))
                 return
+            if incoming.signer is not None:  # (clients, above, have no node id to bind)
+                self.bindings.check(src, incoming.signer)
             sends = self.peer.receive(src, msg, now)
         except RemoteProtocolError as exc:
             self._reject(exc, now)
@@ -246,10 +272,18 @@ class NetworkDriver:
         total = sum(self.rejected.values())
         # The first of each reason, then at most one line per REJECT_LOG_EVERY_S: a flood (an
         # outsider hammering a sealed swarm) stays a few lines, and the counters say the rest.
-        if self.rejected[exc.reason] == 1 or now >= self._next_reject_log:
-            self._next_reject_log = now + REJECT_LOG_EVERY_S
-            event("rejected", f"rejected message ({exc}), {total} rejected so far ({dict(self.rejected)})",
-                  logging.WARNING, reason=exc.reason, detail=exc.detail, total=total)
+        # An identity's rejection is logged once per key instead (for the first few hundred keys:
+        # past them, made-up keys fall back to the rate limit).
+        key = (exc.reason, exc.detail.partition("key ")[2])
+        if exc.reason in IDENTITY_REASONS and key[1] and (key in self._logged_keys or len(self._logged_keys) < MAX_LOGGED_KEYS):
+            if key in self._logged_keys:
+                return
+            self._logged_keys.add(key)
+        elif not (self.rejected[exc.reason] == 1 or now >= self._next_reject_log):
+            return
+        self._next_reject_log = now + REJECT_LOG_EVERY_S
+        event("rejected", f"rejected message ({exc}), {total} rejected so far ({dict(self.rejected)})",
+              logging.WARNING, reason=exc.reason, detail=exc.detail, total=total)
 
     def _send_all(self, sends: list[Send]) -> None:
         now = time.monotonic()

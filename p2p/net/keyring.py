@@ -24,10 +24,11 @@ import os
 import secrets
 import stat
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Generic, Optional, TypeVar
 
 KEY_BYTES = 32  # AES-256
 KEY_ID_BYTES = 4
+T = TypeVar("T")
 
 
 class KeyFileError(ValueError):
@@ -95,33 +96,40 @@ def parse_keys(text: str, path: str) -> Keyring:
     return Keyring(tuple(keys))
 
 
-def load_key_file(path: str) -> Keyring:
-    """The keyring in ``path``; KeyFileError (one line) if it is missing, unsafe or malformed."""
+def read_secret_file(path: str, what: str, hint: str, others_may_read: bool = False) -> str:
+    """The text of ``path``; KeyFileError (one line) if it is missing, not text, or unsafe: a
+    secret that others can read, or any file of ours that others can write."""
     try:
         mode = os.stat(path).st_mode
         if not stat.S_ISREG(mode):
-            raise KeyFileError(f"swarm key file {path} is not a regular file")
-        if mode & 0o027:
-            raise KeyFileError(f"swarm key file {path} is accessible to other users (mode {stat.S_IMODE(mode):03o}): "
-                               f"run `chmod 600 {path}`")
+            raise KeyFileError(f"{what} {path} is not a regular file")
+        if mode & (0o022 if others_may_read else 0o027):
+            raise KeyFileError(f"{what} {path} is accessible to other users (mode {stat.S_IMODE(mode):03o}): "
+                               f"run `chmod {'644' if others_may_read else '600'} {path}`")
         with open(path, encoding="ascii") as f:
-            text = f.read()
+            return f.read()
     except UnicodeDecodeError:
-        raise KeyFileError(f"swarm key file {path} is not text (make one with `p2p keygen`)") from None
+        raise KeyFileError(f"{what} {path} is not text ({hint})") from None
     except OSError as exc:
-        raise KeyFileError(f"cannot read swarm key file {path}: {exc.strerror}") from None
-    return parse_keys(text, path)
+        raise KeyFileError(f"cannot read {what} {path}: {exc.strerror}") from None
 
 
-class KeyFile:
-    """A key file and the keyring last loaded from it; re-read when the file changes."""
+def load_key_file(path: str) -> Keyring:
+    """The keyring in ``path``; KeyFileError (one line) if it is missing, unsafe or malformed."""
+    return parse_keys(read_secret_file(path, "swarm key file", "make one with `p2p keygen`"), path)
 
-    def __init__(self, path: str) -> None:
+
+class WatchedFile(Generic[T]):
+    """A file and what ``load`` last made of it; re-read when the file changes (the swarm key
+    file, the identities' allow file: p2p/net/identity.py)."""
+
+    def __init__(self, path: str, load: Callable[[str], T]) -> None:
         self.path = path
+        self._load = load
         self._stamp = self._mtime()
-        self.keyring = load_key_file(path)
+        self.value: T = load(path)
         self.reloads = 0
-        self.last_error: Optional[str] = None  # why the last changed file was not taken (the old keys stay)
+        self.last_error: Optional[str] = None  # why the last changed file was not taken (the old value stays)
 
     def _mtime(self) -> Optional[tuple[int, int, int]]:
         try:
@@ -131,20 +139,31 @@ class KeyFile:
         return st.st_mtime_ns, st.st_size, st.st_ino  # an edit within one mtime tick still shows
 
     def reload_if_changed(self) -> bool:
-        """Re-read the file if its mtime changed; True if the keyring changed. A file that is
-        now unusable keeps the old keys (a half-written edit must not cut the node off)."""
+        """Re-read the file if its mtime changed; True if its value changed. A file that is now
+        unusable keeps the old value (a half-written edit must not cut the node off)."""
         stamp = self._mtime()
         if stamp == self._stamp:
             return False
         self._stamp = stamp
         try:
-            keyring = load_key_file(self.path)
+            value = self._load(self.path)
         except KeyFileError as exc:
             self.last_error = str(exc)
             return False
         self.last_error = None
-        if keyring == self.keyring:
+        if value == self.value:
             return False
-        self.keyring = keyring
+        self.value = value
         self.reloads += 1
         return True
+
+
+class KeyFile(WatchedFile[Keyring]):
+    """A swarm key file and the keyring last loaded from it."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, load_key_file)
+
+    @property
+    def keyring(self) -> Keyring:
+        return self.value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 from p2p.net.addresses import parse_address
 from p2p.net.keyring import Keyring
@@ -41,18 +42,20 @@ DEFAULT_ROUTE_PROBE = "192.0.2.1:9"  # TEST-NET-1 (RFC 5737): only asks which ro
 ATTEMPTS = 20  # a free pair can be taken by another process before we bind it: try again
 
 
-def bind_transport(config: TransportConfig, listen: str, keyring: Keyring | None = None) -> tuple[Transport, str]:
+def bind_transport(config: TransportConfig, listen: str, keyring: Keyring | None = None,
+                   **identities: Any) -> tuple[Transport, str]:
     """A Transport listening on ``listen``; port 0 takes a free pair of adjacent ports.
-    Returns it with the address it bound. Raises TransportError."""
+    Returns it with the address it bound. Raises TransportError. ``identities``: Transport's
+    ``identity`` and ``allowed``."""
     host, _, port = listen.rpartition(":")
     if port != "0":
-        return Transport(config, listen, keyring), listen
+        return Transport(config, listen, keyring, **identities), listen
     probe_host = "0.0.0.0" if host in WILDCARDS else parse_address(f"{host}:1")[0]
     for attempt in range(ATTEMPTS):
         (free,) = free_ports(1, probe_host)
         address = f"{host}:{free}"
         try:
-            return Transport(config, address, keyring), address
+            return Transport(config, address, keyring, **identities), address
         except TransportError:
             if attempt == ATTEMPTS - 1:
                 raise

@@ -31,6 +31,12 @@ The counter starts at 0 and the receiver expects exactly the next one, so a reco
 replayed, reordered or dropped fails its tag. The 1 MiB records keep AES-GCM on large buffers
 (fast) and the receiver's memory bounded.
 
+With per-node identities (p2p/net/identity.py) a control message's first sealed frame is its
+sender's signature over the header and the other frames (``open_signed`` checks it), and the
+bulk hello is version 2: its clear fields, the sender's public key and signature, then the tag
+over all of them; the connection key is then derived with that public key in HKDF's info
+(``"p2p bulk v2" || public key``).
+
 Every failure raises ``RemoteProtocolError`` with a countable reason: ``unauthenticated`` (a
 plain message reached a node with a key), ``no_key`` (sealed with a key we do not hold),
 ``bad_key`` (the tag does not verify: another key with a colliding id, or tampering),
@@ -49,10 +55,13 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from p2p.net.identity import (HELLO_SIGNATURE_BYTES, PUBLIC_BYTES, Identity, sign_control, sign_hello, verify_control,
+                              verify_hello)
 from p2p.net.keyring import KEY_ID_BYTES, Keyring
 from p2p.protocol import RemoteProtocolError
 
 VERSION = 1
+SIGNED_HELLO = 2  # a bulk hello with an identity's signature (p2p/net/identity.py)
 TAG_BYTES = 16
 NONCE_BYTES = 12
 HEADER = struct.Struct(f"!B{KEY_ID_BYTES}s{NONCE_BYTES}sQ")  # control: version, key id, nonce, time ms
@@ -112,18 +121,20 @@ class ReplayGuard:
 
 # -- control messages ------------------------------------------------------------------------
 def seal_message(keyring: Keyring, frames: Sequence[object], now_s: float,
-                 nonce: Optional[bytes] = None) -> list[bytes]:
-    """The sealed frames of one message (``nonce``: tests only; random by default)."""
+                 nonce: Optional[bytes] = None, identity: Optional[Identity] = None) -> list[bytes]:
+    """The sealed frames of one message (``nonce``: tests only; random by default). With an
+    ``identity``, its signature frame goes first inside the seal (p2p/net/identity.py)."""
     nonce = os.urandom(NONCE_BYTES) if nonce is None else nonce
     header = HEADER.pack(VERSION, keyring.primary_id, nonce, int(now_s * 1000))
+    if identity is not None:
+        frames = [sign_control(identity, header, frames), *frames]
     aead = AESGCM(keyring.primary)
     count = len(frames)
     return [header, *(aead.encrypt(_frame_nonce(nonce, i), _view(f), header + _POSITION.pack(i, count))
                       for i, f in enumerate(frames))]
 
 
-def open_message(keyring: Keyring, guard: ReplayGuard, frames: Sequence[object], now_s: float) -> list[bytes]:
-    """The original frames of a sealed message, or RemoteProtocolError (module docstring)."""
+def _open(keyring: Keyring, frames: Sequence[object], max_frames: int) -> tuple[bytes, list[bytes]]:
     if not frames:
         raise RemoteProtocolError("malformed", "empty message")
     header = bytes(_view(frames[0]))
@@ -131,7 +142,7 @@ def open_message(keyring: Keyring, guard: ReplayGuard, frames: Sequence[object],
         raise RemoteProtocolError("unauthenticated", "a message without the swarm key's seal")
     _, kid, nonce, sent_ms = HEADER.unpack(header)
     count = len(frames) - 1
-    if not 1 <= count <= MAX_FRAMES:
+    if not 1 <= count <= max_frames:
         raise RemoteProtocolError("malformed", f"sealed message of {count} frames")
     key = keyring.lookup(kid)
     if key is None:
@@ -146,28 +157,59 @@ def open_message(keyring: Keyring, guard: ReplayGuard, frames: Sequence[object],
             opened.append(aead.decrypt(_frame_nonce(nonce, i), data, header + _POSITION.pack(i, count)))
         except InvalidTag:
             raise RemoteProtocolError("bad_key", f"frame {i} fails authentication (key {kid.hex()})") from None
-    guard.admit(nonce, sent_ms, int(now_s * 1000))  # after the tags: forged nonces never fill the set
+    return header, opened
+
+
+def _admit(guard: ReplayGuard, header: bytes, now_s: float) -> None:
+    _, _, nonce, sent_ms = HEADER.unpack(header)
+    guard.admit(nonce, sent_ms, int(now_s * 1000))  # after the checks: forged nonces never fill the set
+
+
+def open_message(keyring: Keyring, guard: ReplayGuard, frames: Sequence[object], now_s: float) -> list[bytes]:
+    """The original frames of a sealed message, or RemoteProtocolError (module docstring)."""
+    header, opened = _open(keyring, frames, MAX_FRAMES)
+    _admit(guard, header, now_s)
     return opened
 
 
+def open_signed(keyring: Keyring, guard: ReplayGuard, frames: Sequence[object], now_s: float,
+                allowed: Optional[frozenset]) -> tuple[bytes, list[bytes]]:
+    """(signer's public key, original frames) of a message sealed and signed by an identity in
+    ``allowed`` (None: any, for a client reading a reply); RemoteProtocolError otherwise."""
+    header, opened = _open(keyring, frames, MAX_FRAMES + 1)  # (+ the signature frame)
+    signer = verify_control(header, opened, allowed)
+    _admit(guard, header, now_s)
+    return signer, opened[1:]
+
+
 # -- the bulk stream -------------------------------------------------------------------------
-def _connection_key(key: bytes, salt: bytes) -> AESGCM:
-    return AESGCM(HKDF(algorithm=SHA256(), length=32, salt=salt, info=b"p2p bulk v1").derive(key))
+def _connection_key(key: bytes, salt: bytes, signer: bytes = b"") -> AESGCM:
+    info = b"p2p bulk v2" + signer if signer else b"p2p bulk v1"  # a signed stream's key is its identity's
+    return AESGCM(HKDF(algorithm=SHA256(), length=32, salt=salt, info=info).derive(key))
 
 
 def _record_nonce(counter: int) -> bytes:
     return _RECORD_DIRECTION + counter.to_bytes(NONCE_BYTES - 1, "big")
 
 
-class BulkSealer:
-    """The sending end of one bulk connection: its hello, then records in order."""
+def hello_bytes(signed: bool) -> int:
+    """The length of a bulk hello (signed: with an identity, p2p/net/identity.py)."""
+    return HELLO_BYTES + HELLO_SIGNATURE_BYTES * signed
 
-    def __init__(self, keyring: Keyring, now_s: float, salt: Optional[bytes] = None) -> None:
+
+class BulkSealer:
+    """The sending end of one bulk connection: its hello, then records in order. With an
+    ``identity`` the hello is version 2: its clear fields, the public key and a signature over
+    them, then the tag; the record key is bound to that public key."""
+
+    def __init__(self, keyring: Keyring, now_s: float, salt: Optional[bytes] = None,
+                 identity: Optional[Identity] = None) -> None:
         salt = os.urandom(16) if salt is None else salt
         self.key_id = keyring.primary_id
-        clear = HELLO.pack(VERSION, self.key_id, salt, int(now_s * 1000))
-        self._aead = _connection_key(keyring.primary, salt)
-        self.hello = clear + self._aead.encrypt(_HELLO_NONCE, b"", clear)
+        clear = HELLO.pack(SIGNED_HELLO if identity else VERSION, self.key_id, salt, int(now_s * 1000))
+        signed = sign_hello(identity, clear) if identity else b""
+        self._aead = _connection_key(keyring.primary, salt, identity.public if identity else b"")
+        self.hello = clear + signed + self._aead.encrypt(_HELLO_NONCE, b"", clear + signed)
         self._counter = 0
         self._out = bytearray(LENGTH.size + RECORD_BYTES + TAG_BYTES)
 
@@ -184,23 +226,31 @@ class BulkSealer:
 
 
 class BulkOpener:
-    """The receiving end of one bulk connection, once its hello checked out."""
+    """The receiving end of one bulk connection, once its hello checked out. ``allowed``: the
+    public keys whose signed hellos are accepted (None: identities off, unsigned hellos only)."""
 
-    def __init__(self, keyring: Keyring, guard: ReplayGuard, hello: bytes, now_s: float) -> None:
+    def __init__(self, keyring: Keyring, guard: ReplayGuard, hello: bytes, now_s: float,
+                 allowed: Optional[frozenset] = None) -> None:
         if hello[:4] == b"P2PB":  # p2p.net.bulk.MAGIC: a stream without the seal
             raise RemoteProtocolError("unauthenticated", "a bulk stream without the swarm key's seal")
-        clear, tag = hello[:HELLO.size], hello[HELLO.size:]
+        clear, tag = hello[:HELLO.size], hello[-TAG_BYTES:]
+        signed = hello[HELLO.size:-TAG_BYTES]
         version, kid, salt, sent_ms = HELLO.unpack(clear)
-        if version != VERSION:
+        if allowed is not None and version == VERSION:
+            raise RemoteProtocolError("unsigned", "a bulk stream without an identity's signature")
+        if version != (VERSION if allowed is None else SIGNED_HELLO):
             raise RemoteProtocolError("malformed", f"bulk hello version {version}")
         key = keyring.lookup(kid)
         if key is None:
             raise RemoteProtocolError("no_key", f"bulk stream sealed with key {kid.hex()}, not in our keyring")
-        self._aead = _connection_key(key, salt)
+        self.signer = signed[:PUBLIC_BYTES] or None
+        self._aead = _connection_key(key, salt, signed[:PUBLIC_BYTES])
         try:
-            self._aead.decrypt(_HELLO_NONCE, tag, clear)
+            self._aead.decrypt(_HELLO_NONCE, tag, clear + signed)
         except InvalidTag:
             raise RemoteProtocolError("bad_key", f"bulk hello fails authentication (key {kid.hex()})") from None
+        if allowed is not None:
+            verify_hello(clear, signed, allowed)
         guard.admit(salt, sent_ms, int(now_s * 1000))
         self.key_id = kid
         self._counter = 0

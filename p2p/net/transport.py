@@ -33,11 +33,28 @@ a connection, and one of the ``max_connections`` slots, for ever). A connection 
 port that does not finish its greeting within ``handshake_ms`` is closed by libzmq (it accepts
 every connection: its count is bounded only by the rate of connections times that timeout).
 
+Dead connections: during a partition or a cut link TCP keeps the old connections and retries
+with exponential backoff (its retransmission or zero-window probe timer doubles up to two
+minutes), so after the link comes back the queued messages waited up to that long: views took
+50 s and more to merge after a 60 s partition in the lab (issue 12's fault soak; seen with
+``ss -tino``: ``persist`` timers at backoff 7-8). So the control DEALER sends ZMTP heartbeats
+and drops a connection that answers nothing for ``heartbeat_timeout_ms`` (ZeroMQ then
+re-dials every ``reconnect_ivl_max_ms`` at most, which succeeds as soon as the route is back),
+and both channels set TCP_USER_TIMEOUT (``tcp_user_timeout_ms``), after which the kernel aborts
+a connection whose data goes unacknowledged; a bulk send then fails and the next one re-dials.
+What was queued on the dead connection is lost, as a cut link loses it anyway.
+
 With a swarm key (``keyring``), every message on both channels is sealed and opened here
 (p2p/net/seal.py): control messages one by one, the bulk stream as records sealed just before
 they are written (so a message dropped from the queue unsent never consumes a record number).
 A message that fails to open comes back as a rejection like any other bad input. The keyring
 may be replaced at any time (key rotation); open bulk connections keep the key they began with.
+
+With identities on top (``identity`` and ``allowed``, p2p/net/identity.py), every control
+message this node sends or answers is signed inside its seal and every bulk hello is signed;
+a message received is accepted only if signed by a key on the allow list, and comes up with
+its signer (``Incoming.signer``) for the driver to check against the sender it names. The allow
+list may be replaced at any time: bulk connections from a key no longer on it are closed.
 """
 
 from __future__ import annotations
@@ -54,8 +71,9 @@ import zmq
 
 from p2p.net.addresses import AddressError, bulk_address, parse_address, to_endpoint
 from p2p.net.bulk import BufferPool, BulkConfig, SealedReader, StreamReader, sealed_chunks, stream_parts
+from p2p.net.identity import Identity
 from p2p.net.keyring import Keyring
-from p2p.net.seal import BulkSealer, ReplayGuard, open_message, seal_message
+from p2p.net.seal import BulkSealer, ReplayGuard, open_message, open_signed, seal_message
 from p2p.protocol import RemoteProtocolError
 from p2p.wire import Limits
 
@@ -75,6 +93,11 @@ class TransportConfig:
     idle_close_s: float = 120.0  # close the sockets to a peer not sent to for this long
     max_peer_sockets: int = 256  # peers with open sockets (ZeroMQ and bulk) at once; LRU closes first
     handshake_ms: int = 10_000  # an inbound ZeroMQ connection that has not said hello by then is closed
+    # A connection that stops carrying anything (a partition, a cut link) is dropped and re-dialled
+    # instead of waiting out TCP's backoff (module docstring, "Dead connections").
+    heartbeat_ivl_ms: int = 1000  # ZMTP PING on an otherwise idle control connection
+    heartbeat_timeout_ms: int = 6000  # no traffic back this long: the control connection is dropped
+    tcp_user_timeout_ms: int = 10_000  # data unacknowledged this long: the kernel aborts the connection
     bulk: BulkConfig = field(default_factory=BulkConfig)
 
 
@@ -86,6 +109,7 @@ class Incoming:
     frames: Optional[list]
     error: Optional[RemoteProtocolError] = None
     finite_checked: bool = False  # the bulk reader already proved its float tensors finite
+    signer: Optional[bytes] = None  # the public key that signed it (identities on)
 
     def limits(self, limits: Limits) -> Limits:
         """The limits to ``decode`` it with: without the NaN/Inf pass the reader already made."""
@@ -178,9 +202,14 @@ def _listen_socket(listen: str) -> socket.socket:
 
 
 class Transport:
-    def __init__(self, config: TransportConfig, listen: str, keyring: Optional[Keyring] = None) -> None:
+    def __init__(self, config: TransportConfig, listen: str, keyring: Optional[Keyring] = None,
+                 identity: Optional[Identity] = None, allowed: Optional[frozenset] = None) -> None:
+        if (identity is None) != (allowed is None) or (identity is not None and keyring is None):
+            raise ValueError("identities need an identity, an allow list and a swarm key together")
         self.config = config
         self.keyring = keyring  # None: an open swarm (nothing sealed, nothing required)
+        self.identity = identity  # this node's signing key (None: identities off)
+        self.allowed = allowed  # public keys whose messages are accepted (None: identities off)
         self.guard = ReplayGuard()  # sealed control nonces and bulk salts seen lately
         self.context = zmq.Context.instance()
         self.router = self.context.socket(zmq.ROUTER)
@@ -239,6 +268,10 @@ class Transport:
             sock.setsockopt(zmq.RECONNECT_IVL, self.config.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self.config.reconnect_ivl_max_ms)
             sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+            sock.setsockopt(zmq.HEARTBEAT_IVL, self.config.heartbeat_ivl_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.config.heartbeat_timeout_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TTL, self.config.heartbeat_timeout_ms)  # the receiver drops it too
+            sock.setsockopt(zmq.TCP_MAXRT, self.config.tcp_user_timeout_ms)
             try:
                 sock.connect(to_endpoint(addr))
             except (zmq.ZMQError, ValueError):  # not an address (a peer may name anything): no socket kept
@@ -261,7 +294,7 @@ class Transport:
                     self.sent_to.add(addr, size)
                 return queued
             if self.keyring is not None:
-                frames = seal_message(self.keyring, frames, time.time())
+                frames = seal_message(self.keyring, frames, time.time(), identity=self.identity)
             sock = self._socket(addr)
             sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -312,6 +345,8 @@ class Transport:
             return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux: a send then fails instead of waiting for TCP's backoff
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, self.config.tcp_user_timeout_ms)
         err = sock.connect_ex(sockaddr)
         if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             sock.close()
@@ -319,7 +354,7 @@ class Transport:
             return
         stream.sock, stream.connected = sock, err == 0
         if self.keyring is not None:
-            stream.sealer = BulkSealer(self.keyring, time.time())
+            stream.sealer = BulkSealer(self.keyring, time.time(), identity=self.identity)
             stream.hello = memoryview(stream.sealer.hello)
         if stream.connected:
             stream.backoff_s = 0.0
@@ -419,10 +454,20 @@ class Transport:
                     stream.sock.close()
                 stream.sock, stream.connected, stream.sealer, stream.hello = None, False, None, None
 
+    def set_allowed(self, allowed: frozenset) -> None:
+        """The allow file changed: accept only these keys from now on, and close the inbound bulk
+        connections of keys no longer on it (a removed machine must not keep a stream open)."""
+        self.allowed = allowed
+        for stream in list(self._in.values()):
+            signer = getattr(stream.reader, "signer", None)
+            if signer is not None and signer not in allowed:
+                self.transfers_abandoned += stream.reader.mid_message()
+                self._close_in(stream)
+
     def reply(self, identity: bytes, frames: list) -> bool:
         """Answer a client on the ROUTER connection its request came in on."""
         if self.keyring is not None:
-            frames = seal_message(self.keyring, frames, time.time())
+            frames = seal_message(self.keyring, frames, time.time(), identity=self.identity)
         try:
             self.router.send_multipart([identity, *frames], flags=zmq.NOBLOCK, copy=False)
         except (zmq.Again, zmq.ZMQError):
@@ -488,7 +533,7 @@ class Transport:
             sock.setblocking(False)
             reader = StreamReader(self.pool, self.config.max_message_bytes, self.config.bulk.max_header_bytes, now)
             if self.keyring is not None:
-                reader = SealedReader(reader, lambda: self.keyring, self.guard, time.time, now)
+                reader = SealedReader(reader, lambda: self.keyring, self.guard, time.time, now, lambda: self.allowed)
             self._in[sock] = _InStream(sock, reader, f"tcp:{peer[0]}:{peer[1]}".encode())
             self.poller.register(sock, zmq.POLLIN)
 
@@ -539,7 +584,8 @@ class Transport:
                     out.append(Incoming(stream.identity, None,
                                         RemoteProtocolError("non_finite", "a tensor carries NaN or Inf")))
                 else:
-                    out.append(Incoming(stream.identity, frames, finite_checked=reader.finite_checked))
+                    out.append(Incoming(stream.identity, frames, finite_checked=reader.finite_checked,
+                                        signer=getattr(reader, "signer", None)))
                 return  # one message per connection per call: other traffic gets its turn
 
     def _more(self) -> bool:
@@ -554,12 +600,16 @@ class Transport:
         if not frames:
             return Incoming(identity, None, RemoteProtocolError("malformed", "empty message"))
         self.messages_received += 1
+        signer = None
         if self.keyring is not None:
             try:
-                frames = open_message(self.keyring, self.guard, frames, time.time())
+                if self.allowed is None:
+                    frames = open_message(self.keyring, self.guard, frames, time.time())
+                else:
+                    signer, frames = open_signed(self.keyring, self.guard, frames, time.time(), self.allowed)
             except RemoteProtocolError as exc:
                 return Incoming(identity, None, _detached(exc))
-        return Incoming(identity, frames)
+        return Incoming(identity, frames, signer=signer)
 
     def done(self, incoming: Incoming) -> None:
         """The message has been handled: its receive buffer may be reused."""

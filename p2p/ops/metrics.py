@@ -61,6 +61,11 @@ class SwarmCollector(Collector):
         yield _gauge("p2p_swarm_keys", "Swarm keys accepted (the first one sends)", security.get("keys", 0))
         yield CounterMetricFamily("p2p_swarm_key_reloads", "Times the swarm key file was re-read after a change",
                                   value=security.get("reloads", 0))
+        ids = security.get("identities") or {}  # (its rejections are in p2p_rejected_messages, by reason)
+        yield _gauge("p2p_identities_allowed_keys", "Public keys on the allow file (0: identities off)",
+                     ids.get("allowed", 0))
+        yield CounterMetricFamily("p2p_identities_allow_reloads", "Times the allow file was re-read after a change",
+                                  value=ids.get("reloads", 0))
         yield CounterMetricFamily("p2p_send_drops", "Messages not sent (queue full, no route)", value=s.get("send_drops", 0))
         yield CounterMetricFamily("p2p_transfers_abandoned", "Large messages abandoned mid-way",
                                   value=s.get("transfers_abandoned", 0))

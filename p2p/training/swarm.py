@@ -57,6 +57,7 @@ from p2p.gossip import Membership
 from p2p.gossip.messages import ALIVE, DEAD, LEFT, STATE_NAMES, SUSPECT
 from p2p.net.control import ModelReply, StateReply
 from p2p.net.driver import DriverBusy, DriverStopped, NetworkDriver
+from p2p.net.identity import AllowFile, load_identity_file, public_line
 from p2p.net.keyring import KeyFile, KeyFileError
 from p2p.net.ports import advertised_address, bind_transport
 from p2p.net.transport import TransportError
@@ -128,6 +129,7 @@ class Swarm:
         self.id: Optional[str] = None
         self._driver: Optional[NetworkDriver] = None
         self._key_file: Optional[KeyFile] = None
+        self._allow_file: Optional[AllowFile] = None
         cfg = self.config
         store = CheckpointStore(cfg.checkpoint_dir, cfg.keep_checkpoints) if cfg.checkpoint_dir else None
         self._keeper = StateKeeper(model, self.flat, self.model_key, store, cfg.checkpoint_every_s)
@@ -160,13 +162,16 @@ class Swarm:
             self._step = restored.step
         try:
             key_file = KeyFile(cfg.swarm_key) if cfg.swarm_key else None
+            identity = load_identity_file(cfg.identity) if cfg.identity else None
+            allow_file = AllowFile(cfg.allow) if cfg.allow else None
         except KeyFileError as exc:  # changed since the config was checked
             raise SwarmError(str(exc)) from None
         try:
-            transport, bound = bind_transport(cfg.transport, cfg.listen, key_file and key_file.keyring)
+            transport, bound = bind_transport(cfg.transport, cfg.listen, key_file and key_file.keyring, identity=identity,
+                                              allowed=allow_file and allow_file.allowed)
         except TransportError as exc:
             raise SwarmError(str(exc)) from None
-        self._key_file = key_file
+        self._key_file, self._allow_file = key_file, allow_file
         if key_file is None:
             event("open_swarm", f"swarm is OPEN: anyone who can reach {bound} can join, read the models and send "
                                 f"its own; use --swarm-key (p2p keygen)", logging.WARNING, addr=bound)
@@ -231,7 +236,7 @@ class Swarm:
         tamper = Hostile(cfg.hostile, averager.MESSAGES, rng.getrandbits(32)).tamper if cfg.hostile else None
         self._driver = NetworkDriver(transport, self.peer, self.address, self._status_now, self._state_reply,
                                      avg.exchange_timeout_s, self.hooks, model_reply=self._model_reply, tamper=tamper,
-                                     key_file=key_file)
+                                     key_file=key_file, allow_file=self._allow_file)
 
     def _accept(self, state: TrainingState) -> None:
         """Load a donor's state (StateError: it does not fit; the next donor's replaces it)."""
@@ -462,14 +467,21 @@ class Swarm:
         return info
 
     def _security(self, keyring: Any) -> dict[str, Any]:
-        """Open, or sealed with which key (the rejections are in ``rejected``: no_key, bad_key,
-        replay, unauthenticated)."""
+        """Open, or sealed with which key, and the identities when on (the rejections are in
+        ``rejected``: no_key, bad_key, replay, unauthenticated; unsigned, not_allowed,
+        bad_signature, identity_mismatch)."""
         if keyring is None:
             return {"mode": "open", "summary": "open (no --swarm-key: anyone who reaches this node can join)"}
         keys = self._key_file
-        return {"mode": "encrypted", "summary": keyring.describe(), "cipher": "AES-256-GCM",
+        info = {"mode": "encrypted", "summary": keyring.describe(), "cipher": "AES-256-GCM",
                 "key_id": keyring.primary_id.hex(), "keys": len(keyring.keys), "key_file": keys.path,
                 "reloads": keys.reloads, "key_file_error": keys.last_error}
+        allow, identity = self._allow_file, self._driver.transport.identity
+        if allow is not None:
+            info["identities"] = {"public_key": public_line(identity.public), "allowed": len(allow.allowed),
+                                  "allow_file": allow.path, "reloads": allow.reloads,
+                                  "allow_file_error": allow.last_error, "bound_ids": len(self._driver.bindings)}
+        return info
 
     def _bandwidth(self) -> dict[str, Any]:
         """What bandwidth awareness measured and decided (algorithms that adapt report it)."""
