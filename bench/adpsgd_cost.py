@@ -82,7 +82,7 @@ def run_phase(args: argparse.Namespace, averaging: bool, base_port: int, profile
     names = [_thread_names(p.pid) for p in procs]
     cpu0, t0 = [_thread_cpu(p.pid) for p in procs], time.monotonic()
     if profile and averaging:
-        spy = subprocess.Popen(["py-spy", "record", "--native", "--threads", "--idle", "-r", "50",
+        spy = subprocess.Popen(["py-spy", "record", "--native", "--threads", "-r", "50",
                                 "-d", str(int(args.duration / 2)), "-f", "raw", "-o", profile,
                                 "-p", str(procs[1].pid)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     time.sleep(max(0.0, args.duration * 0.7 - (time.monotonic() - t0)))

@@ -264,3 +264,33 @@ def test_auto_compression_climbs_when_the_link_cannot_keep_up():
         codecs.append(a.codec)
         now = a.next_deadline()
     assert codecs == ["fp16", "int8", "int8"]
+
+
+class CpuPort(SimArrayPort):
+    """An ArrayPort that reports CPU seconds as the real one does (network thread, the rest)."""
+
+    def __init__(self, values):
+        super().__init__(values, "m/4", immediate=True)
+        self.cpu = (0.0, 0.0)
+
+    def cpu_seconds(self):
+        return self.cpu
+
+
+def test_exchanges_are_paced_against_the_compute_not_only_wall_time():
+    port = CpuPort([0, 0, 0, 0])
+    a = PairwiseGossip(make_cfg(comm_fraction=0.5), port, random.Random(0), now=0.0)
+    b = PairwiseGossip(make_cfg(), ArrayPort([4, 4, 4, 4]), random.Random(1), now=0.0)
+    now, pauses = 1.0, []
+    for cycle in range(3):
+        (req,) = a.tick(now, ["b"])
+        (rep,) = b.receive("a", req.msg, now, ["a"])
+        now += 0.1  # a fast link: 0.1 s exchanges, the link rule alone pauses 0.1 s
+        # each cycle costs the network thread 0.3 CPU s; training gets 0.5 CPU s per second
+        port.cpu = (0.3 * (cycle + 1), 0.5 * now)
+        a.receive("b", rep.msg, now, ["b"])
+        pauses.append(a.next_deadline() - now)
+        now = a.next_deadline()
+    assert pauses[0] == pytest.approx(0.1)  # the first cycle only starts the CPU window
+    # 0.3 CPU s per cycle at half of 0.5 CPU s/s of compute: cycles of 1.2 s, pauses of 1.1 s
+    assert pauses[-1] == pytest.approx(1.1, rel=0.05)

@@ -39,9 +39,10 @@ they do not reach consensus (see p2p/averaging/choco.py). A peer accepts either 
 form whatever its own setting, so peers with different codecs mix.
 
 Bandwidth awareness (``bandwidth_aware``, on by default; p2p/bandwidth.py): each completed
-exchange tells the peer how long moving those bytes to and from that partner took. The pause
-before the next exchange is stretched so exchanges take at most ``comm_fraction`` of wall
-time, partners are chosen in proportion to measured throughput, and with
+exchange tells the peer how long moving those bytes to and from that partner took, and (with a
+port that has ``cpu_seconds``) what the cycle cost the network thread's CPU next to training's.
+The pause before the next exchange is stretched so exchanges take at most ``comm_fraction`` of
+wall time and their CPU at most that share of the compute's, partners are chosen in proportion to measured throughput, and with
 ``compression="auto"`` the codec climbs none -> fp16 -> int8 when even ``max_interval_s``
 cannot meet the budget.
 
@@ -170,6 +171,7 @@ class PairwiseGossip(AsynchronousHooks):
         self._next_exchange = 0
         self._in_flight: Optional[_InFlight] = None
         self._late: Optional[_InFlight] = None  # the last exchange that timed out: its reply may still come
+        self._scratch: Optional[np.ndarray] = None  # the difference of the exchange being mixed
         self._next_start = now + rng.uniform(0, config.interval_s)  # de-synchronise peers
         self.stats = {"exchanges_started": 0, "exchanges_completed": 0, "exchanges_timed_out": 0,
                       "requests_served": 0, "late_replies": 0, "late_completed": 0}
@@ -228,9 +230,13 @@ class PairwiseGossip(AsynchronousHooks):
         packed = compressor.compress(snapshot)
         return decompress(packed, snapshot.size), compressed_fields(packed)
 
-    def _pause(self, neighbours: Sequence[str]) -> float:
+    def _pause(self, neighbours: Sequence[str], now: float) -> float:
+        """The pause after an exchange cycle ends (completed, refused or timed out)."""
         if not self.config.bandwidth_aware:
             return self.config.interval_s
+        cpu_seconds = getattr(self.port, "cpu_seconds", None)  # ports without one: the link rule only
+        if cpu_seconds is not None:
+            self.monitor.observe_cpu(now, *(cpu_seconds() or (None, None)))
         if self._auto:
             self._codec = self.monitor.compression(neighbours, self.config.interval_s)
         return self.monitor.interval(self.config.interval_s, neighbours)
@@ -249,9 +255,13 @@ class PairwiseGossip(AsynchronousHooks):
         return self.robust.screen(src, "params", distance, own, now)
 
     def _mix(self, src: str, theirs: np.ndarray, mine: np.ndarray, fraction: float, now: float) -> bool:
-        """Queue ``fraction * clip * (theirs - mine)``; False if robust mixing refuses it. One
-        model-sized temporary, scaled in place (this runs for every exchange, on both ends)."""
-        difference = np.subtract(theirs, mine)
+        """Queue ``fraction * clip * (theirs - mine)``; False if robust mixing refuses it. This runs
+        for every exchange on both ends: the difference goes into one buffer kept for it (a fresh
+        model-sized array costs its page faults each time) and is scaled in place; ``add_delta``
+        copies it into the queue."""
+        if self._scratch is None or self._scratch.shape != mine.shape:
+            self._scratch = np.empty_like(mine)
+        difference = np.subtract(theirs, mine, out=self._scratch)
         clip = self._screen(src, difference, mine, now)
         if clip == REFUSED:
             return False
@@ -275,7 +285,7 @@ class PairwiseGossip(AsynchronousHooks):
                 self._in_flight, self._late = None, flight
                 # it took at least this long: the pause and the next timeout stretch to match
                 self.monitor.observe(flight.partner, 2 * flight.sent_bytes, now - flight.started)
-                self._next_start = now + self._pause(neighbours)
+                self._next_start = now + self._pause(neighbours, now)
             return []
         if now < self._next_start or not neighbours:
             if not neighbours:
@@ -323,6 +333,6 @@ class PairwiseGossip(AsynchronousHooks):
             if mixed:
                 self.stats["late_completed" if late else "exchanges_completed"] += 1
             if not late:  # (after a late one, the pause set at the timeout stands)
-                self._next_start = now + self._pause(neighbours)
+                self._next_start = now + self._pause(neighbours, now)
             return []
         raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not an averaging message")
