@@ -42,9 +42,9 @@ Bandwidth awareness (``bandwidth_aware``, on by default; p2p/bandwidth.py): each
 exchange tells the peer how long moving those bytes to and from that partner took, and (with a
 port that has ``cpu_seconds``) what the cycle cost the network thread's CPU next to training's.
 The pause before the next exchange is stretched so exchanges take at most ``comm_fraction`` of
-wall time and their CPU at most that share of the compute's, partners are chosen in proportion to measured throughput, and with
-``compression="auto"`` the codec climbs none -> fp16 -> int8 when even ``max_interval_s``
-cannot meet the budget.
+wall time and their CPU at most that share of the compute's, partners are chosen in proportion
+to measured throughput, and with ``compression="auto"`` the codec climbs none -> fp16 -> int8
+when even ``max_interval_s`` cannot meet the budget.
 
 Robust mixing (``robust_mixing``, on by default; p2p/averaging/robust.py, after ClippedGossip):
 each end clips the partner's difference s_j - s_i to the adaptive radius tau before it applies
