@@ -7,9 +7,13 @@ shared machine's drift hits both. Training is supposed never to wait on AD-PSGD'
 the ratio averaged / compute-only is the cost.
 
     python bench/adpsgd_cost.py --peers 4 --duration 30 --repeats 1
+    python bench/adpsgd_cost.py --lab-rate 100mbit      # in network namespaces, shaped links (root)
     python bench/adpsgd_cost.py --profile /tmp/prof   # py-spy record one averaging peer (needs py-spy)
 
-Prints one JSON object per phase: mean steps/s per peer, MB sent per peer, exchanges completed.
+Prints one JSON object per phase: mean steps/s per peer, MB sent per peer, exchanges completed,
+and each thread's CPU share per peer over most of the training window (read from /proc; the
+names come from ``py-spy dump``). On a shared machine steps/s drift with the load; the CPU
+shares (network thread against the training thread) are the steadier measure of the cost.
 """
 
 from __future__ import annotations
