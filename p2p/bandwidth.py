@@ -1,14 +1,21 @@
 """Bandwidth awareness: per-neighbour link estimates and the policy that adapts to them.
 
 Pure: fed observations (``observe``: an exchange with peer p moved b bytes in s seconds;
-``observe_rtt``: a small message round trip took s seconds) and the local step time; it never
-reads a clock. Every node keeps its own estimates from its own transfers; nothing is shared.
+``observe_rtt``: a small message round trip took s seconds; ``observe_cpu``: CPU seconds spent
+on the network thread and on training so far); it never reads a clock. Every node keeps its
+own estimates from its own transfers; nothing is shared.
 
-Policy, to keep communication time at most ``comm_fraction`` of wall time (so that, on a
-shared link, averaging never crowds out what training needs):
+Policy, to keep communication at most ``comm_fraction`` f of wall time (so that, on a shared
+link, averaging never crowds out what training needs) and of the compute (so that, on a shared
+CPU, it does not slow the steps down by more than that share either):
 
 - **average less often**: with an expected exchange time t_x, an interval i between exchanges
-  gives a busy fraction t_x / (t_x + i); so i >= t_x (1 - f) / f;
+  gives a busy fraction t_x / (t_x + i); so i >= t_x (1 - f) / f. And with c CPU seconds spent on
+  the network thread per exchange cycle (its own exchange, the requests it served, the copies
+  and the kernel's share of the transfers) while training gets u CPU seconds per second, a cycle
+  must last c / (f u): on a 2-core machine running 4 peers, an exchange that moves 17 MB costs
+  as much CPU as a few training steps, so the wall-time rule alone let exchanges take as much
+  CPU as the steps;
 - **choose faster partners**: pick partners with probability proportional to estimated
   throughput (peers not measured yet get the best known estimate, so they get explored);
 - **compress harder**: when even ``max_interval_s`` cannot meet the budget, step up a ladder
@@ -58,10 +65,26 @@ class LinkEstimate:
 
 
 @dataclass
+class CpuShare:
+    """What an exchange cycle costs the CPU, next to what training gets of it (EWMAs)."""
+
+    cycle_cpu_s: Optional[float] = None  # network-thread CPU seconds per exchange cycle
+    compute_rate: Optional[float] = None  # training's CPU seconds per wall second
+    last: Optional[tuple[float, float, float]] = None  # (now, network, compute) at the last observation
+
+    def cycle_s(self, fraction: float) -> Optional[float]:
+        """The shortest exchange cycle whose network CPU stays within ``fraction`` of training's."""
+        if self.cycle_cpu_s is None or not self.compute_rate:
+            return None
+        return self.cycle_cpu_s / (fraction * self.compute_rate)
+
+
+@dataclass
 class BandwidthMonitor:
     config: BandwidthConfig = field(default_factory=BandwidthConfig)
     links: dict[str, LinkEstimate] = field(default_factory=dict)
     level: int = 0  # index into config.compression_ladder
+    cpu: CpuShare = field(default_factory=CpuShare)
 
     def observe(self, peer: str, nbytes: int, seconds: float) -> None:
         """An exchange with ``peer`` moved ``nbytes`` (both ways) in ``seconds``."""
@@ -78,6 +101,21 @@ class BandwidthMonitor:
             link = self.links.setdefault(peer, LinkEstimate())
             link.rtt_s = ewma(link.rtt_s, seconds, self.config.ewma_alpha)
 
+    def observe_cpu(self, now: float, network_s: Optional[float], compute_s: Optional[float]) -> None:
+        """At the end of an exchange cycle: CPU seconds so far spent on the network thread and on
+        everything else (training). None while not training (lingering): nothing to protect, and
+        the estimates start afresh once training resumes."""
+        cpu = self.cpu
+        if network_s is None or compute_s is None:
+            cpu.last = None
+            return
+        last, cpu.last = cpu.last, (now, network_s, compute_s)
+        if last is None or now <= last[0]:
+            return
+        a = self.config.ewma_alpha
+        cpu.cycle_cpu_s = ewma(cpu.cycle_cpu_s, max(0.0, network_s - last[1]), a)
+        cpu.compute_rate = ewma(cpu.compute_rate, max(0.0, compute_s - last[2]) / (now - last[0]), a)
+
     def forget(self, live: Sequence[str]) -> None:
         """Drop estimates of peers that are no longer members."""
         keep = set(live)
@@ -93,6 +131,9 @@ class BandwidthMonitor:
         cfg = self.config
         expected = self.expected_exchange_s(neighbours)
         wanted = base_s if expected is None else max(base_s, required_interval(expected, cfg.comm_fraction))
+        cycle = self.cpu.cycle_s(cfg.comm_fraction)
+        if cycle is not None:  # the cycle is the exchange and the pause after it
+            wanted = max(wanted, cycle - (expected or 0.0))
         return min(max(wanted, cfg.min_interval_s), cfg.max_interval_s)
 
     def choose(self, neighbours: Sequence[str], rng: random.Random) -> str:

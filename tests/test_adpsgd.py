@@ -81,15 +81,59 @@ def test_no_reply_times_out_and_training_never_waits():
     np.testing.assert_allclose(pa.x, [1, 1, 1, 1])  # untouched
 
 
-def test_late_reply_after_timeout_is_dropped():
+def test_late_reply_to_the_last_timed_out_exchange_is_still_mixed_zero_sum():
     pa, a = make([0, 0, 0, 0])
     pb, b = make([4, 4, 4, 4])
     req = start_exchange(a, 1.0, ["b"])
-    (rep,) = b.receive("a", req.msg, 1.01, [])
+    (rep,) = b.receive("a", req.msg, 1.01, [])  # b mixed when it answered
     a.tick(2.5, ["b"])  # timed out
+    assert not a.busy()
     assert a.receive("b", rep.msg, 2.6, ["b"]) == []
+    assert a.stats["late_completed"] == 1 and a.stats["late_replies"] == 0
+    np.testing.assert_allclose(pa.x, [2, 2, 2, 2])  # the pair is zero-sum again
+    np.testing.assert_allclose(pb.x, [2, 2, 2, 2])
+    assert a.receive("b", rep.msg, 2.7, ["b"]) == []  # a duplicate is not mixed twice
     assert a.stats["late_replies"] == 1
+    np.testing.assert_allclose(pa.x, [2, 2, 2, 2])
+
+
+def test_reply_to_an_older_timed_out_exchange_is_dropped():
+    pa, a = make([0, 0, 0, 0])
+    pb, b = make([4, 4, 4, 4])
+    first = start_exchange(a, 1.0, ["b"])
+    (old_reply,) = b.receive("a", first.msg, 1.01, [])
+    a.tick(2.5, ["b"])  # the first times out
+    a.tick(a.next_deadline(), ["b"])  # the second starts ...
+    a.tick(a.next_deadline(), ["b"])  # ... and times out too: only its reply may still be mixed
+    assert a.stats["exchanges_timed_out"] == 2
+    assert a.receive("b", old_reply.msg, 20.0, ["b"]) == []
+    assert a.stats["late_replies"] == 1 and a.stats["late_completed"] == 0
     np.testing.assert_allclose(pa.x, [0, 0, 0, 0])
+
+
+def test_a_timeout_stretches_the_pause_and_the_next_timeout():
+    """A link too slow for the configured timeout: without this, no exchange ever completes, none
+    is measured, and a new model-sized transfer starts right after every timeout."""
+    cfg = AveragingConfig(interval_s=0.1, exchange_timeout_s=1.0, comm_fraction=0.5, robust_mixing=False)
+    a = PairwiseGossip(cfg, ArrayPort([0, 0, 0, 0]), random.Random(0), now=0.0)
+    start_exchange(a, 1.0, ["b"])
+    a.tick(2.0, ["b"])  # timed out after 1 s: it took at least that
+    assert a.next_deadline() >= 2.0 + 1.0  # half the time busy at most: a pause >= 1 s, not 0.1 s
+    start_exchange(a, a.next_deadline(), ["b"])
+    assert a.next_deadline() - a._in_flight.started >= 4.0  # waits 4x the measured duration now
+
+
+def test_the_timeout_follows_the_measured_exchange_time_within_bounds():
+    pa, a, pb, b = pair(make_cfg(max_interval_s=30.0), make_cfg())
+    (req,) = a.tick(1.0, ["b"])
+    (rep,) = b.receive("a", req.msg, 1.5, ["a"])
+    a.receive("b", rep.msg, 4.0, ["b"])  # 3 s, within the configured 5 s
+    (req,) = a.tick(a.next_deadline(), ["b"])
+    assert a.next_deadline() == pytest.approx(a._in_flight.started + 12.0)  # 4 x 3 s
+    (rep,) = b.receive("a", req.msg, a._in_flight.started, ["a"])
+    a.receive("b", rep.msg, a._in_flight.started + 60.0, ["b"])  # a very slow one
+    (req,) = a.tick(a.next_deadline(), ["b"])
+    assert a.next_deadline() == pytest.approx(a._in_flight.started + 30.0)  # capped at max_interval_s
 
 
 def test_reply_from_the_wrong_peer_is_dropped():
@@ -220,3 +264,33 @@ def test_auto_compression_climbs_when_the_link_cannot_keep_up():
         codecs.append(a.codec)
         now = a.next_deadline()
     assert codecs == ["fp16", "int8", "int8"]
+
+
+class CpuPort(SimArrayPort):
+    """An ArrayPort that reports CPU seconds as the real one does (network thread, the rest)."""
+
+    def __init__(self, values):
+        super().__init__(values, "m/4", immediate=True)
+        self.cpu = (0.0, 0.0)
+
+    def cpu_seconds(self):
+        return self.cpu
+
+
+def test_exchanges_are_paced_against_the_compute_not_only_wall_time():
+    port = CpuPort([0, 0, 0, 0])
+    a = PairwiseGossip(make_cfg(comm_fraction=0.5), port, random.Random(0), now=0.0)
+    b = PairwiseGossip(make_cfg(), ArrayPort([4, 4, 4, 4]), random.Random(1), now=0.0)
+    now, pauses = 1.0, []
+    for cycle in range(3):
+        (req,) = a.tick(now, ["b"])
+        (rep,) = b.receive("a", req.msg, now, ["a"])
+        now += 0.1  # a fast link: 0.1 s exchanges, the link rule alone pauses 0.1 s
+        # each cycle costs the network thread 0.3 CPU s; training gets 0.5 CPU s per second
+        port.cpu = (0.3 * (cycle + 1), 0.5 * now)
+        a.receive("b", rep.msg, now, ["b"])
+        pauses.append(a.next_deadline() - now)
+        now = a.next_deadline()
+    assert pauses[0] == pytest.approx(0.1)  # the first cycle only starts the CPU window
+    # 0.3 CPU s per cycle at half of 0.5 CPU s/s of compute: cycles of 1.2 s, pauses of 1.1 s
+    assert pauses[-1] == pytest.approx(1.1, rel=0.05)

@@ -74,3 +74,38 @@ def test_forget_drops_departed_peers():
 def test_bad_config_is_refused(kwargs):
     with pytest.raises(ValueError):
         BandwidthConfig(**kwargs)
+
+
+def test_cpu_rule_keeps_the_network_threads_cpu_within_the_share_of_the_compute():
+    """A fast link (0.1 s exchanges: the wall-time rule alone pauses 0.1 s) on a CPU-bound
+    machine: each cycle costs the network thread 0.2 CPU s while training gets 0.5 CPU s per
+    second. At half of the compute a cycle must last 0.2 / (0.5 * 0.5) = 0.8 s."""
+    m = BandwidthMonitor(BandwidthConfig(comm_fraction=0.5, ewma_alpha=1.0))
+    m.observe("a", 17_000_000, 0.1)
+    assert m.interval(0.05, ["a"]) == pytest.approx(0.1)  # no CPU figures yet: the link rule
+    m.observe_cpu(10.0, 1.0, 20.0)
+    m.observe_cpu(11.0, 1.2, 20.5)  # one cycle: 0.2 s network CPU, 0.5 s of compute CPU in 1 s
+    pause = m.interval(0.05, ["a"])
+    assert pause == pytest.approx(0.8 - 0.1)  # the cycle is the exchange plus the pause
+    cycle = 0.1 + pause
+    assert 0.2 / (0.5 * cycle) == pytest.approx(0.5)  # network CPU / compute CPU = the fraction
+
+
+def test_cpu_rule_gives_way_when_the_cpu_is_cheap_and_is_capped():
+    m = BandwidthMonitor(BandwidthConfig(comm_fraction=0.5, ewma_alpha=1.0, max_interval_s=5.0))
+    m.observe("a", 17_000_000, 2.0)  # a slow link: 2 s of pause from the link rule
+    m.observe_cpu(0.0, 0.0, 0.0)
+    m.observe_cpu(4.0, 0.04, 3.9)  # cheap cycles: the link rule decides
+    assert m.interval(0.05, ["a"]) == pytest.approx(2.0)
+    m.observe_cpu(5.0, 1.04, 3.95)  # 1 CPU s per cycle against a starved trainer (0.05 CPU s/s)
+    assert m.interval(0.05, ["a"]) == 5.0
+
+
+def test_cpu_rule_is_off_while_not_training():
+    m = BandwidthMonitor(BandwidthConfig(comm_fraction=0.5, ewma_alpha=1.0))
+    m.observe_cpu(0.0, 0.0, 0.0)
+    m.observe_cpu(1.0, 0.5, 0.5)
+    assert m.interval(0.05, ["a"]) > 1.0
+    m.observe_cpu(2.0, None, None)  # lingering: the estimates are kept but not extended ...
+    m.observe_cpu(3.0, 0.6, 0.6)  # ... and the next cycle after it starts a fresh window
+    assert m.cpu.last == (3.0, 0.6, 0.6)

@@ -1,5 +1,6 @@
 """StepHooks: the trainer waits on the averager's gates, served by another thread."""
 
+import os
 import threading
 
 from p2p.averaging.base import AsynchronousHooks
@@ -82,3 +83,28 @@ def test_asynchronous_averagers_cost_the_trainer_nothing():
     assert hooks.service(0.0, lambda: []) == []
     hooks.close_trainer_side()
     hooks.close()
+
+
+def test_the_network_loop_leaves_out_the_hooks_of_an_algorithm_that_never_posts():
+    """AD-PSGD: no wake socket to poll and no ``service`` call on each turn of the loop."""
+    import zmq
+
+    from p2p.averaging.adpsgd import PairwiseGossip
+    from p2p.net.driver import NetworkDriver
+    from p2p.training.step_hooks import StepHooks
+
+    class FakeTransport:
+        def __init__(self):
+            self.poller = zmq.Poller()
+
+    for averager, served in ((PairwiseGossip.__new__(PairwiseGossip), False), (GatedAverager(), True)):
+        hooks = StepHooks(averager, gate_timeout_s=5)
+        assert hooks.posts == served
+        transport = FakeTransport()
+        driver = NetworkDriver(transport, peer=None, advertise="x:1", status_info=dict, state_reply=None,
+                               shutdown_grace_s=1.0, hooks=hooks)
+        polled = [s for s, _ in transport.poller.sockets]
+        assert (hooks.wake_socket in polled) == served and (driver.hooks is hooks) == served
+        os.close(driver._wake_read)  # (never started: nothing else to stop)
+        os.close(driver._wake_write)
+        hooks.close()

@@ -13,9 +13,18 @@ Invariant: both deltas of one exchange sum to zero, so the swarm mean is preserv
 however exchanges interleave with each other and with local SGD steps (both ends apply a delta,
 not an overwrite). Both ends move to the average of the two snapshots.
 
-Failure: the exchange is not atomic under message loss. If the reply is lost or arrives after
-the timeout, j has moved and i has not; the mean drifts by (s_i - s_j) / 2n for that one
-exchange, which later exchanges mix away. Training never waits on any of this.
+Failure: the exchange is not atomic under message loss. If the reply is lost, j has moved and
+i has not; the mean drifts by (s_i - s_j) / 2n for that one exchange, which later exchanges mix
+away. Training never waits on any of this. A reply that comes after the timeout is still mixed
+if it answers the last exchange that timed out (the snapshot is kept for it): on a slow link
+that is the usual case, and dropping it would leave every such exchange one-sided.
+
+Timeouts follow the link: ``exchange_timeout_s`` is the least; once exchanges with a partner
+have been measured, an exchange waits up to ``TIMEOUT_FACTOR`` times their expected duration
+(capped at ``max_interval_s``). A timeout counts as an exchange that took at least that long,
+so the pause stretches after it: without that, a link too slow for the fixed timeout (8.7 MB
+each way at 100 Mbit/s under contention) never completes an exchange, never gets measured, and
+starts a new model-sized transfer after every timeout.
 
 Staleness (``staleness_aware``, off by default): each end scales its half by
 ``staleness_weight(own step, partner step)``, so a partner whose model is older moves us less.
@@ -30,11 +39,12 @@ they do not reach consensus (see p2p/averaging/choco.py). A peer accepts either 
 form whatever its own setting, so peers with different codecs mix.
 
 Bandwidth awareness (``bandwidth_aware``, on by default; p2p/bandwidth.py): each completed
-exchange tells the peer how long moving those bytes to and from that partner took. The pause
-before the next exchange is stretched so exchanges take at most ``comm_fraction`` of wall
-time, partners are chosen in proportion to measured throughput, and with
-``compression="auto"`` the codec climbs none -> fp16 -> int8 when even ``max_interval_s``
-cannot meet the budget.
+exchange tells the peer how long moving those bytes to and from that partner took, and (with a
+port that has ``cpu_seconds``) what the cycle cost the network thread's CPU next to training's.
+The pause before the next exchange is stretched so exchanges take at most ``comm_fraction`` of
+wall time and their CPU at most that share of the compute's, partners are chosen in proportion
+to measured throughput, and with ``compression="auto"`` the codec climbs none -> fp16 -> int8
+when even ``max_interval_s`` cannot meet the budget.
 
 Robust mixing (``robust_mixing``, on by default; p2p/averaging/robust.py, after ClippedGossip):
 each end clips the partner's difference s_j - s_i to the adaptive radius tau before it applies
@@ -66,6 +76,7 @@ from p2p.wire import message
 # Codecs whose decoded values can be averaged directly (dense, unbiased up to rounding).
 PARAMETER_CODECS = ("none", "fp16", "bf16", "int8")
 AUTO_LADDER = ("none", "fp16", "int8")
+TIMEOUT_FACTOR = 4.0  # an exchange waits this many times its measured duration (module docstring)
 
 
 @message(20)
@@ -159,9 +170,11 @@ class PairwiseGossip(AsynchronousHooks):
             compression_ladder=AUTO_LADDER))
         self._next_exchange = 0
         self._in_flight: Optional[_InFlight] = None
+        self._late: Optional[_InFlight] = None  # the last exchange that timed out: its reply may still come
+        self._scratch: Optional[np.ndarray] = None  # the difference of the exchange being mixed
         self._next_start = now + rng.uniform(0, config.interval_s)  # de-synchronise peers
         self.stats = {"exchanges_started": 0, "exchanges_completed": 0, "exchanges_timed_out": 0,
-                      "requests_served": 0, "late_replies": 0}
+                      "requests_served": 0, "late_replies": 0, "late_completed": 0}
         self.disagreement = Disagreement()
         self.robust = RobustMixing(config.robust_mixing, self.stats)
         self.MESSAGES = tuple(self.MESSAGES) + tuple(self.COMPRESSED_MESSAGES)
@@ -217,9 +230,13 @@ class PairwiseGossip(AsynchronousHooks):
         packed = compressor.compress(snapshot)
         return decompress(packed, snapshot.size), compressed_fields(packed)
 
-    def _pause(self, neighbours: Sequence[str]) -> float:
+    def _pause(self, neighbours: Sequence[str], now: float) -> float:
+        """The pause after an exchange cycle ends (completed, refused or timed out)."""
         if not self.config.bandwidth_aware:
             return self.config.interval_s
+        cpu_seconds = getattr(self.port, "cpu_seconds", None)  # ports without one: the link rule only
+        if cpu_seconds is not None:
+            self.monitor.observe_cpu(now, *(cpu_seconds() or (None, None)))
         if self._auto:
             self._codec = self.monitor.compression(neighbours, self.config.interval_s)
         return self.monitor.interval(self.config.interval_s, neighbours)
@@ -233,17 +250,42 @@ class PairwiseGossip(AsynchronousHooks):
     def _screen(self, src: str, difference: np.ndarray, mine: np.ndarray, now: float) -> float:
         """The robust-mixing factor on the partner's difference (one norm each, shared with the
         consensus estimate)."""
-        distance, own = float(np.linalg.norm(difference)), float(np.linalg.norm(mine))
+        distance, own = float(np.sqrt(np.dot(difference, difference))), float(np.sqrt(np.dot(mine, mine)))
         self.disagreement.observe_norms(distance, own)
         return self.robust.screen(src, "params", distance, own, now)
+
+    def _mix(self, src: str, theirs: np.ndarray, mine: np.ndarray, fraction: float, now: float) -> bool:
+        """Queue ``fraction * clip * (theirs - mine)``; False if robust mixing refuses it. This runs
+        for every exchange on both ends: the difference goes into one buffer kept for it (a fresh
+        model-sized array costs its page faults each time) and is scaled in place; ``add_delta``
+        copies it into the queue."""
+        if self._scratch is None or self._scratch.shape != mine.shape:
+            self._scratch = np.empty_like(mine)
+        difference = np.subtract(theirs, mine, out=self._scratch)
+        clip = self._screen(src, difference, mine, now)
+        if clip == REFUSED:
+            return False
+        difference *= np.float32(fraction * clip)
+        self.port.add_delta(difference)
+        return True
+
+    def _timeout(self, partner: str) -> float:
+        """How long an exchange with ``partner`` may take (module docstring: timeouts follow the link)."""
+        expected = self.monitor.expected_exchange_s([partner])
+        if expected is None:
+            return self.config.exchange_timeout_s
+        cap = max(self.config.exchange_timeout_s, self.config.max_interval_s)
+        return min(max(self.config.exchange_timeout_s, TIMEOUT_FACTOR * expected), cap)
 
     def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         flight = self._in_flight
         if flight is not None:
             if now >= flight.deadline:
                 self.stats["exchanges_timed_out"] += 1
-                self._in_flight = None
-                self._next_start = now + self._pause(neighbours)
+                self._in_flight, self._late = None, flight
+                # it took at least this long: the pause and the next timeout stretch to match
+                self.monitor.observe(flight.partner, 2 * flight.sent_bytes, now - flight.started)
+                self._next_start = now + self._pause(neighbours, now)
             return []
         if now < self._next_start or not neighbours:
             if not neighbours:
@@ -255,7 +297,7 @@ class PairwiseGossip(AsynchronousHooks):
         request = (self._request(self._next_exchange, mine) if packed is None else
                    AvgRequestQ(**packed, exchange=self._next_exchange, step=self.port.step,
                                model_key=self.port.model_key))
-        self._in_flight = _InFlight(self._next_exchange, partner, mine, now + self.config.exchange_timeout_s,
+        self._in_flight = _InFlight(self._next_exchange, partner, mine, now + self._timeout(partner),
                                     now, _payload_bytes(request))
         self.stats["exchanges_started"] += 1
         return [Send(partner, request)]
@@ -266,32 +308,31 @@ class PairwiseGossip(AsynchronousHooks):
             fraction = self._fraction(msg)  # validates it first
             theirs = _received_params(msg, self.port)
             mine, packed = self._encode(self.port.snapshot())
-            difference = theirs - mine
-            clip = self._screen(src, difference, mine, now)
-            if clip == REFUSED:
+            if not self._mix(src, theirs, mine, self._scaled(fraction, msg.step), now):
                 return []  # not mixed, not answered: the requester times out
-            self.port.add_delta(difference * np.float32(self._scaled(fraction, msg.step) * clip))
             self.stats["requests_served"] += 1
             reply = (self._reply(msg, mine) if packed is None else
                      AvgReplyQ(**packed, exchange=msg.exchange, step=self.port.step, model_key=self.port.model_key))
             return [Send(src, reply)]
         if isinstance(msg, (reply_type, AvgReplyQ)):
-            flight = self._in_flight
+            flight, late = self._in_flight, False
             if flight is None or msg.exchange != flight.exchange or src != flight.partner:
-                self.stats["late_replies"] += 1  # timed out already, or not ours: drop
-                return []
+                flight, late = self._late, True
+                if flight is None or msg.exchange != flight.exchange or src != flight.partner:
+                    self.stats["late_replies"] += 1  # an older exchange's, or not ours: drop
+                    return []
             theirs = _received_params(msg, self.port)
             fraction = self._scaled(self._own_fraction(), msg.step)
-            difference = theirs - flight.snapshot
-            self._in_flight = None
-            clip = self._screen(src, difference, flight.snapshot, now)
-            if clip == REFUSED:
-                self._next_start = now + self._pause(neighbours)
-                return []
-            self.port.add_delta(difference * np.float32(fraction * clip))
-            self.stats["exchanges_completed"] += 1
+            if late:
+                self._late = None  # the partner mixed when it replied: mixing now keeps the pair zero-sum
+            else:
+                self._in_flight = None
+            mixed = self._mix(src, theirs, flight.snapshot, fraction, now)
             self.monitor.observe(src, flight.sent_bytes + _payload_bytes(msg), now - flight.started)
             self.monitor.forget(neighbours)
-            self._next_start = now + self._pause(neighbours)
+            if mixed:
+                self.stats["late_completed" if late else "exchanges_completed"] += 1
+            if not late:  # (after a late one, the pause set at the timeout stands)
+                self._next_start = now + self._pause(neighbours, now)
             return []
         raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not an averaging message")

@@ -20,7 +20,11 @@ from p2p.protocol import RemoteProtocolError, Send
 
 
 class ModelPort(Protocol):
-    """What an averaging algorithm may do to the local model (all thread-safe)."""
+    """What an averaging algorithm may do to the local model (all thread-safe).
+
+    Optional: ``cpu_seconds()`` -> (CPU seconds of the calling network thread, of the rest of
+    the process) so far while training, None otherwise; the pairwise algorithms pace their
+    exchanges against the compute with it (p2p/bandwidth.py). Simulated ports have none."""
 
     numel: int  # parameters in the flat vector
     model_key: str  # identifies the task/model; peers with another key are rejected
@@ -29,7 +33,8 @@ class ModelPort(Protocol):
         """A float32 copy of the current parameters (queued deltas included)."""
 
     def add_delta(self, delta: np.ndarray) -> None:
-        """x += delta, applied by the trainer at its next step boundary."""
+        """x += delta, applied by the trainer at its next step boundary (the port copies or adds
+        ``delta``; the caller may reuse its buffer afterwards)."""
 
     @property
     def step(self) -> int:

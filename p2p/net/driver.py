@@ -74,8 +74,8 @@ class NetworkDriver:
         self.model_reply = model_reply
         self.limits = limits
         self.shutdown_grace_s = shutdown_grace_s  # how long shutdown waits for an exchange in flight
-        self.hooks = hooks
-        if hooks is not None:  # the trainer's hook posts wake the loop at once
+        self.hooks = hooks if hooks is not None and hooks.posts else None  # (a release is a no-op without posts)
+        if self.hooks is not None:  # the trainer's hook posts wake the loop at once
             transport.poller.register(hooks.wake_socket, zmq.POLLIN)
         self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
         self._wake_lock = threading.Lock()  # a write never races the pipe's close (fds get reused)

@@ -35,6 +35,10 @@ class StepHooks:
         self.wants_gradient = bool(getattr(averager, "wants_gradient", False))
         self.posts_after_step = getattr(kind, "after_step", None) is not AsynchronousHooks.after_step
         self.serves_done = callable(getattr(averager, "training_done", None))
+        # Nothing to serve (AD-PSGD, elastic gossip): the trainer never posts, so the network
+        # thread neither polls the wake socket nor calls ``service`` on each of its turns (at
+        # 100 Mbit/s a model arriving turns the loop a few hundred times a second).
+        self.posts = self.gates_steps or self.wants_gradient or self.posts_after_step or self.serves_done
         # Steps the algorithm does not act on cost nothing (base.py, ``gate_wanted``).
         self._gate_wanted = getattr(averager, "gate_wanted", lambda step: True)
         self._after_step_wanted = getattr(averager, "after_step_wanted", lambda step: True)

@@ -100,6 +100,15 @@ class _ModelPort:
     def step(self) -> int:
         return self._swarm.step
 
+    def cpu_seconds(self) -> Optional[tuple[float, float]]:
+        """(the calling thread's CPU seconds, the rest of the process's) while training, else None.
+        The averager calls it on the network thread: the first is what exchanges, membership and
+        the transfers' kernel work cost, the second what training got (ModelPort)."""
+        if self._swarm.phase != "training":
+            return None
+        network = time.thread_time()
+        return network, time.process_time() - network
+
 
 class Swarm:
     """A member of a swarm, for the caller's own training loop (module docstring)."""
