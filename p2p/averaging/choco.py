@@ -43,8 +43,10 @@ one. At 20 Mbit/s on a 2.2 M-parameter model, rounds every 50 ms against 1.8 s o
 per round made the resets feed on themselves: the peers applied 3-8 of ~1000 records each
 while their links ran full. So repairs make traffic rarer, never denser:
 - a ChocoResync is the sender's loss signal: the publishing interval doubles on it (once per
-  two intervals: later signals report the same losses; up to ``max_interval_s``) and halves back per ``RECOVERY_S`` of rounds published without one, down
-  to ``interval_s`` (so it settles near the link's pace: most records land);
+  two intervals: later signals report the same losses; up to ``max_interval_s``) and halves
+  back per ``RECOVERY_S`` of rounds published without one, down to ``interval_s``, so it
+  settles near the link's pace and most records land (a test: tests/test_choco_slow_link.py;
+  in the lab the peers then applied about as many records as they published);
 - a receiver that asked for a reset asks again only after twice the wait before the last ask
   (first ``forget_after``), until a reset arrives: a reset still crossing a slow link is never
   doubled by a second one;
@@ -83,7 +85,7 @@ from p2p.protocol import RemoteProtocolError, Send
 from p2p.wire import message
 
 RECOVERY_S = 60.0  # the publishing interval halves back towards interval_s per this long without a loss signal
-PACE_ALPHA = 0.3  # weight of the newest gap in a copy's usual gap between records
+PACE_ALPHA = 0.3  # weight of the newest gap in a neighbour's usual gap between records
 
 
 @dataclass(frozen=True)
