@@ -108,6 +108,12 @@ P2P_CONFIGS: dict[str, list[str]] = {
                               "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0"],
     # plain periodic model averaging (outer lr 1, no momentum: local SGD, as torch-localsgd-h25)
     # with int4 pseudo-gradients: the same algorithm as PyTorch's, at a seventh of the bytes
+    # the round-based algorithms on their natural topologies (issue 16: does a failed round at a
+    # slow rate make the next one costlier?)
+    "p2p-dpsgd": ["--algorithm", "dpsgd"],  # exponential graph, fp32 parameters every step
+    "p2p-gossipgrad": ["--algorithm", "gossipgrad"],  # hypercube partner, fp32 gradients every step
+    "p2p-choco-int8": ["--algorithm", "choco", "--compression", "int8"],  # ring, int8 public-copy deltas
+    "p2p-sgp": ["--algorithm", "sgp"],  # one-peer exponential push-sum, fp32 parameters
 }
 # ---------------------------------------------------------------------------------------------
 

@@ -89,6 +89,13 @@ class Peer:
             return self.joiner.receive(src, msg, now)
         raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a peer message")
 
+    def send_dropped(self, send: Send, now: float) -> None:
+        """The driver dropped ``send`` unsent (its queue to that peer was full): an averager
+        that gave something away with it (SGP's push-sum weight) takes it back."""
+        hook = getattr(self.averager, "send_dropped", None)
+        if hook is not None and isinstance(send.msg, self._averaging_types):
+            hook(send.to, send.msg, now)
+
     def tick(self, now: float) -> list[Send]:
         sends = []
         if now >= self.membership.next_deadline():

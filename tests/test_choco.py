@@ -316,7 +316,7 @@ def test_tags_are_pinned_and_messages_round_trip():
 def test_codec_and_gamma_come_from_the_config():
     from types import SimpleNamespace
 
-    cfg = SimpleNamespace(interval_s=1.0, exchange_timeout_s=2.0, compression="topk", compression_topk_fraction=0.05,
+    cfg = SimpleNamespace(interval_s=1.0, max_interval_s=30.0, exchange_timeout_s=2.0, compression="topk", compression_topk_fraction=0.05,
                           robust_mixing=True)
     peer = ChocoGossip(cfg, ArrayPort(np.ones(4)), random.Random(0), 0.0)
     assert peer.compressor.name == "topk" and peer.compressor.fraction == 0.05

@@ -82,6 +82,10 @@ class Averager(Protocol):
     (the state a donor gives, the model vector a joiner should take instead of the donor's live
     model); without it a donor gives ``state_dict()`` and its live model.
 
+    Optional: ``send_dropped(to, msg, now)``, called (through ``Peer.send_dropped``) when the
+    driver dropped one of the algorithm's messages unsent because its queue to ``to`` was full
+    (a slow link): an algorithm that gave something away with it takes it back (SGP's weight).
+
     Which steps need the hooks at all (``AsynchronousHooks.gate_wanted`` /
     ``after_step_wanted``): pure functions of the step number and the algorithm's settings,
     which the trainer's thread may call. Every hook the network thread serves costs the trainer

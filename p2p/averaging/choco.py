@@ -36,6 +36,24 @@ that left the list or has been silent for ``max(exchange_timeout_s, 4 interval_s
 sender forgets a destination that left its list. Each stream carries a random 62-bit ``stream``
 id drawn at construction, so a restarted peer is never mistaken for its former self.
 
+Slow links (issue 16). Nothing acknowledges a record, and the transport drops what a link
+cannot carry (two large messages queued per peer), so a round published faster than the link
+carries it is lost, and each loss costs a full-precision reset: 4x an int8 delta, ~30x a sign
+one. At 20 Mbit/s on a 2.2 M-parameter model, rounds every 50 ms against 1.8 s of link time
+per round made the resets feed on themselves: the peers applied 3-8 of ~1000 records each
+while their links ran full. So repairs make traffic rarer, never denser:
+- a ChocoResync is the sender's loss signal: the publishing interval doubles on it (once per
+  two intervals: later signals report the same losses; up to ``max_interval_s``) and halves
+  back per ``RECOVERY_S`` of rounds published without one, down to ``interval_s``, so it
+  settles near the link's pace and most records land (a test: tests/test_choco_slow_link.py;
+  in the lab the peers then applied about as many records as they published);
+- a receiver that asked for a reset asks again only after twice the wait before the last ask
+  (first ``forget_after``), until a reset arrives: a reset still crossing a slow link is never
+  doubled by a second one;
+- a neighbour's copy is forgotten for silence only after ``max(forget_after, 4 x`` the usual
+  gap between its records``)``: a sender that slowed down to its link is not mistaken for a
+  gone one (which would cost a reset per record).
+
 Robust mixing (``robust_mixing``, on by default; p2p/averaging/robust.py, after ClippedGossip):
 the consensus step clips each term x̂_j − x̂_i to the adaptive radius (or drops it when far
 beyond), by scaling that neighbour's weight: the public copies themselves stay exact, so the
@@ -65,6 +83,9 @@ from p2p.compression.messages import CompressedFields, compressed_fields
 from p2p.topology.weights import metropolis_hastings_weight
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.wire import message
+
+RECOVERY_S = 60.0  # the publishing interval halves back towards interval_s per this long without a loss signal
+PACE_ALPHA = 0.3  # weight of the newest gap in a neighbour's usual gap between records
 
 
 @dataclass(frozen=True)
@@ -156,15 +177,22 @@ class ChocoGossip(AsynchronousHooks):
         self.compressor = compressor if compressor is not None else compressor_from_config(config)
         gamma = self.options.gamma
         self.gamma = suggested_gamma(self.compressor) if gamma is None else float(gamma)
-        self.interval = float(config.interval_s)
-        self.forget_after = max(float(config.exchange_timeout_s), 4 * self.interval)
+        self.base_interval = float(config.interval_s)
+        self.max_interval = max(float(config.max_interval_s), self.base_interval)
+        self.interval = self.base_interval  # stretched by loss signals (module docstring, "Slow links")
+        self._lost = False  # a loss signal came since the last round published
+        self._calm_until = -float("inf")  # loss signals before this report losses already acted on
+        self.forget_after = max(float(config.exchange_timeout_s), 4 * self.base_interval)
         self.stream = rng.getrandbits(62)
         self.seq = 0
         self.hat = np.zeros(port.numel, dtype=np.float32)  # x̂_i
         self.disagreement = Disagreement()
         self._copies: dict[str, _Copy] = {}
         self._synced: set[str] = set()  # destinations whose copy of x̂_i is current
-        self._asked: dict[str, float] = {}  # src -> when we last sent it a ChocoResync
+        # per neighbour, kept across its copies (a reset replaces a copy, the sender's pace stays):
+        self._arrived: dict[str, float] = {}  # when its last record arrived
+        self._pace: dict[str, float] = {}  # the usual gap between its records (EWMA)
+        self._asked: dict[str, tuple[float, float]] = {}  # src -> (when we last asked it for a reset, wait before asking again)
         self._next = now + rng.uniform(0, self.interval)  # de-synchronise peers
         # exchanges_started: records sent (deltas + resets); exchanges_completed: records applied
         self.stats = {"exchanges_started": 0, "exchanges_completed": 0, "rounds": 0, "deltas_sent": 0,
@@ -216,10 +244,18 @@ class ChocoGossip(AsynchronousHooks):
         self._next = now + self.interval
         live = set(neighbours)
         for addr in [a for a, c in self._copies.items()
-                     if a not in live or now - c.heard > self.forget_after]:
+                     if a not in live or now - c.heard > max(self.forget_after, 4 * self._pace.get(a, 0.0))]:
             del self._copies[addr]
         self._synced &= live
         self._asked = {a: t for a, t in self._asked.items() if a in live}
+        self._arrived = {a: t for a, t in self._arrived.items() if a in live}
+        self._pace = {a: t for a, t in self._pace.items() if a in live}
+        if self._lost:
+            self._lost = False
+        elif self.interval > self.base_interval:
+            # by time, not by round: losses are reported at most every few seconds (a receiver's
+            # asks back off), so a per-round decay would undo each doubling at once
+            self.interval = max(self.base_interval, self.interval * 0.5 ** (self.interval / RECOVERY_S))
         if not neighbours:
             return []
         self._mix(len(neighbours), now)
@@ -241,12 +277,21 @@ class ChocoGossip(AsynchronousHooks):
             self._copies[src] = _Copy(msg.stream, msg.seq, np.array(msg.params, dtype=np.float32),
                                       msg.degree, now)
             self._asked.pop(src, None)
+            self._note_arrival(src, now)
             self.stats["resets_applied"] += 1
             self.stats["exchanges_completed"] += 1
             return []
         if isinstance(msg, ChocoResync):
             self._synced.discard(src)  # the next round sends src a reset
             self.stats["resyncs_served"] += 1
+            # Our records to src got lost: publish less often (module docstring, "Slow links").
+            # Once per loss episode: signals come late (after a gap, after a reset crossed the
+            # link), so those that follow a doubling within two new intervals report the same
+            # losses, from before it.
+            if now >= self._calm_until:
+                self.interval = min(self.max_interval, 2 * self.interval)
+                self._calm_until = now + 2 * self.interval
+                self._lost = True
             return []
         raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a CHOCO message")
 
@@ -335,18 +380,29 @@ class ChocoGossip(AsynchronousHooks):
             return self._gap(src, now, -1)
         copy.hat += decompress(msg.payload(), self.port.numel)
         copy.seq, copy.degree, copy.heard = msg.seq, msg.degree, now
+        self._note_arrival(src, now)
         self.stats["deltas_applied"] += 1
         self.stats["exchanges_completed"] += 1
         return []
 
+    def _note_arrival(self, src: str, now: float) -> None:
+        """Learn src's usual gap between records (how long its silence means nothing)."""
+        last = self._arrived.get(src)
+        if last is not None:
+            gap, pace = now - last, self._pace.get(src)
+            self._pace[src] = gap if pace is None else (1 - PACE_ALPHA) * pace + PACE_ALPHA * gap
+        self._arrived[src] = now
+
     def _gap(self, src: str, now: float, have: int) -> list[Send]:
-        """Our copy of src's public copy is missing or behind: drop it, ask for a reset
-        (at most once per ``forget_after``; the reset may itself be lost)."""
+        """Our copy of src's public copy is missing or behind: drop it, ask for a reset. The
+        reset may be lost, or still crossing a slow link: ask again only after twice the wait
+        before the last ask (first ``forget_after``), until one arrives."""
         self._copies.pop(src, None)
         self.stats["gaps"] += 1
         asked = self._asked.get(src)
-        if asked is not None and now - asked < self.forget_after:
+        if asked is not None and now - asked[0] < asked[1]:
             return []
-        self._asked[src] = now
+        wait = self.forget_after if asked is None else min(self.max_interval, 2 * asked[1])
+        self._asked[src] = (now, wait)
         self.stats["resyncs_sent"] += 1
         return [Send(src, ChocoResync(have))]
