@@ -16,7 +16,8 @@ shards, per-peer batch size, optimizer, learning rate, run seed and step count:
   rate's lab) and its result is repeated under every rate.
 
 Definitions (the clock, the same for every method: wall seconds from launching the method's
-processes, so process start-up, data loading and joining / rendezvous count; evaluation runs
+processes, so process start-up, data loading and joining / rendezvous count (p2p nodes get
+``--min-members N``: like gloo's rendezvous, nobody trains until all N are up); evaluation runs
 inline in every method's training loop every ``--eval-every`` seconds, so its time counts the
 same way for all):
 - accuracy curve: at each moment, the mean over peers of each peer's latest held-out

@@ -120,7 +120,10 @@ def run_p2p(lab: Lab, name: str, extra: list[str], s: Settings, log_dir: Path) -
     res = Result(name, lab.rate or "unlimited")
     node_args = ["--task", s.task, "--steps", str(s.steps), "--seed", str(s.seed),
                  "--eval-every", str(s.eval_every), "--log-every", str(s.poll), "--linger", "0",
-                 "--join-timeout", "120", *extra]
+                 "--join-timeout", "120", "--min-members", str(s.peers), *extra]
+    # --min-members: training starts when all peers are up, as the gloo methods' rendezvous does;
+    # without it the first peer trained alone while the others started, and a late one took the
+    # swarm's state by sync (26 MB, 30-55 s at 20 Mbit/s), so runs differed by who came up when
     per_peer = [["--shard", f"{i}/{s.peers}"] for i in range(s.peers)]
     swarm = LabSwarm(lab, log_dir, node_args, port=P2P_PORT, per_peer_args=per_peer)
     tails = [LogTail(log_dir / f"peer{i}.log") for i in range(s.peers)]
