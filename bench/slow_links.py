@@ -51,7 +51,7 @@ Ratios in the table (time to target / compute-only's, / DDP's at the same rate) 
 one run only: the machine is shared, so compare within a run, never across runs.
 
     python bench/slow_links.py [--rates unlimited,1000mbit,100mbit,20mbit] [--peers 4]
-        [--task tinylm] [--steps N] [--methods p2p-diloco-int4-h25,ddp,compute_only] [--max-time 600]
+        [--task tinylm] [--steps N] [--methods p2p-diloco-sparse-h25,ddp,compute_only] [--max-time 600]
         [--json] [--quick]        (--methods p2p: every P2P_CONFIGS entry; the full default run: ~75 min)
 
 Writes bench/out/slow_links.md, bench/out/slow_links.png and bench/out/slow_links.json (the
@@ -183,7 +183,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--peers", type=int, default=4)
     ap.add_argument("--task", default=None, help="default tinylm (synthetic with --quick)")
     ap.add_argument("--steps", type=int, default=None, help="per peer (default: per task)")
-    ap.add_argument("--methods", default="p2p-diloco-int4-h25,ddp,compute_only",  # our best; "p2p": every config
+    ap.add_argument("--methods", default="p2p-diloco-sparse-h25,ddp,compute_only",  # our best; "p2p": every config
                     help="comma-separated: p2p (every P2P_CONFIGS entry), a P2P_CONFIGS name, ddp, compute_only, torch-localsgd-hN (PyTorch post-local SGD, average every N steps)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=float, default=None, help="seconds between evaluations")
