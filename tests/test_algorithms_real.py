@@ -12,24 +12,13 @@ from tests.conftest import wait_until
 pytestmark = pytest.mark.integration
 
 
-# DiLoCo with sparse 2-bit pseudo-gradients and error feedback, at SparseLoCo's outer rule. 10%
-# of the entries a round: at 2% the 15 outer rounds of this run send each entry less than once
-# (error feedback sends an entry about every 1/fraction rounds): 0.57 accuracy, seen once.
-SPARSELOCO = ["--compression", "sparseloco", "--topk-fraction", "0.1", "--diloco-outer-lr", "1",
-              "--diloco-outer-momentum", "0"]
-AUTO = ["--diloco-inner-steps", "auto"]  # overrides the 20 below (the last flag wins)
-
-
-@pytest.mark.parametrize("algorithm, extra", [(a, []) for a in sorted(ALGORITHMS)]
-                         + [("diloco", SPARSELOCO), ("diloco", AUTO)],
-                         ids=sorted(ALGORITHMS) + ["diloco-sparseloco", "diloco-auto"])
-def test_algorithm_trains_and_mixes_with_real_peers(algorithm, extra, tmp_path):
-    auto = extra is AUTO
-    steps = 256 if auto else 300  # auto: a multiple of every H it may choose, so the last outer step is the end
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_algorithm_trains_and_mixes_with_real_peers(algorithm, tmp_path):
+    steps = 300
     args = ["--task", "synthetic", "--membership", "local", "--algorithm", algorithm,
             "--topology", natural_topology(algorithm), "--steps", str(steps), "--linger", "-1",
             "--log-every", "0", "--eval-every", "1", "--round-timeout", "2",
-            "--join-timeout", "60", "--min-members", "3"] + (["--diloco-inner-steps", "20"] if algorithm == "diloco" else []) + extra
+            "--join-timeout", "60", "--min-members", "3"] + (["--diloco-inner-steps", "20"] if algorithm == "diloco" else [])
     # --min-members: the three train together. Without it, on a loaded machine the first peer
     # trained alone to step ~260 of 300 before the others had imported torch (CI); a join that
     # late is a scenario of its own, not what this test is about.
@@ -48,9 +37,6 @@ def test_algorithm_trains_and_mixes_with_real_peers(algorithm, extra, tmp_path):
         params = [swarm.params(i) for i in range(3)]
         codes = swarm.stop()
     assert codes == [0, 0, 0]
-    if auto:  # one H on every peer, a rung of outer_schedule.LADDER
-        hs = {s["averaging"]["inner_steps"] for s in final}
-        assert len(hs) == 1 and hs.pop() in (4, 8, 16, 32, 64, 128, 256), [s["averaging"] for s in final]
     for s in final:
         assert s["step"] == steps and s["algorithm"] == algorithm
         assert s["accuracy"] > 0.65, s  # chance is 0.10; one process reaches ~0.80 here

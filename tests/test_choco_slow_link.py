@@ -55,6 +55,7 @@ class SlowSwarm:
                 if len(pending) >= MAX_PENDING:
                     self.dropped += 1
                     self.queued[(src, s.to)] = pending
+                    self.peers[src].send_dropped(s.to, s.msg, now)  # as the driver reports the transport's drops
                     continue
                 at = self.free_at[src] = max(now, self.free_at[src]) + size / RATE
                 self.queued[(src, s.to)] = pending + [at]
@@ -96,9 +97,11 @@ def test_lost_records_slow_publishing_down_instead_of_feeding_resets():
     # Before the fix the rounds stayed at 0.05 s against ~2 s of link time: ~99% of the records
     # were dropped, every loss cost a float32 reset (4x a delta), ~1 reset a second went on for
     # ever and 7 of 13 000 deltas were ever applied. Now the interval has found the link's pace
-    # by 90 s: from then on nothing is dropped, no reset is needed, every delta lands.
-    assert swarm.dropped == dropped and swarm.stat("resets_sent") == resets, (dropped, swarm.dropped, resets)
+    # by 90 s: from then on almost every delta lands; a drop (and the reset it costs) is the rare
+    # probe of a pace that has crept back up, and the signal that slows it again.
     late_sent, late_applied = swarm.stat("deltas_sent") - sent, swarm.stat("deltas_applied") - applied
+    late_resets, late_dropped = swarm.stat("resets_sent") - resets, swarm.dropped - dropped
+    assert late_resets <= 0.05 * late_sent and late_dropped <= 0.05 * late_sent, (late_resets, late_dropped, late_sent)
     assert late_sent >= 50 and late_applied >= 0.9 * late_sent, (late_sent, late_applied)
     assert all(p.interval < 10.0 for p in swarm.peers.values()), [p.interval for p in swarm.peers.values()]
     assert swarm.spread() < 0.01 * start, (swarm.spread(), start)

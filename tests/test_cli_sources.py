@@ -24,7 +24,7 @@ def test_flags_beat_the_environment_which_beats_the_file(tmp_path):
     env = {"P2P_DILOCO_INNER_STEPS": "40", "P2P_STEPS": "200", "HOME": "/root"}
     merged = merge({"steps": 300, "join": []}, TYPES, config, env)
     assert merged.values["listen"] == "127.0.0.1:7000" and merged.values["algorithm"] == "diloco"  # file
-    assert merged.values["diloco_inner_steps"] == 40  # the environment over the file
+    assert merged.values["diloco_inner_steps"] == "40"  # the environment over the file (its parser takes "auto" too)
     assert merged.values["steps"] == 300  # the flag over both
     assert merged.values["join"] == ["10.0.0.1:7000"]  # an empty list is "no flag given"
     assert merged.where("diloco_inner_steps", "--diloco-inner-steps") == "P2P_DILOCO_INNER_STEPS"

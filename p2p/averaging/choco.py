@@ -42,11 +42,14 @@ carries it is lost, and each loss costs a full-precision reset: 4x an int8 delta
 one. At 20 Mbit/s on a 2.2 M-parameter model, rounds every 50 ms against 1.8 s of link time
 per round made the resets feed on themselves: the peers applied 3-8 of ~1000 records each
 while their links ran full. So repairs make traffic rarer, never denser:
-- a ChocoResync is the sender's loss signal: the publishing interval doubles on it (once per
-  two intervals: later signals report the same losses; up to ``max_interval_s``) and halves
-  back per ``RECOVERY_S`` of rounds published without one, down to ``interval_s``, so it
+- a record the transport drops unsent (its queue to that neighbour is full; the driver calls
+  ``send_dropped``) is the sender's congestion signal: the publishing interval doubles on it
+  (once per two intervals: later drops were queued before it; up to ``max_interval_s``) and
+  halves back per ``RECOVERY_S`` of rounds published without one, down to ``interval_s``, so it
   settles near the link's pace and most records land (a test: tests/test_choco_slow_link.py;
-  in the lab the peers then applied about as many records as they published);
+  in the lab the peers then applied about as many records as they published, with ChocoResync
+  as the signal; random loss on a fast link asks for resets too, and slowed the simulator's
+  lossy runs, so the signal is now the sender's own drops);
 - a receiver that asked for a reset asks again only after twice the wait before the last ask
   (first ``forget_after``), until a reset arrives: a reset still crossing a slow link is never
   doubled by a second one;
@@ -284,16 +287,19 @@ class ChocoGossip(AsynchronousHooks):
         if isinstance(msg, ChocoResync):
             self._synced.discard(src)  # the next round sends src a reset
             self.stats["resyncs_served"] += 1
-            # Our records to src got lost: publish less often (module docstring, "Slow links").
-            # Once per loss episode: signals come late (after a gap, after a reset crossed the
-            # link), so those that follow a doubling within two new intervals report the same
-            # losses, from before it.
-            if now >= self._calm_until:
-                self.interval = min(self.max_interval, 2 * self.interval)
-                self._calm_until = now + 2 * self.interval
-                self._lost = True
             return []
         raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a CHOCO message")
+
+    def send_dropped(self, to: str, msg: object, now: float) -> None:
+        """The transport dropped one of our records unsent: its queue to ``to`` is full, the link
+        cannot carry our pace. Publish less often (module docstring, "Slow links"), once per
+        episode: the drops that follow a doubling within two new intervals were queued before
+        it. (A ChocoResync is no such signal: random loss on a fast link asks for resets too.)"""
+        if isinstance(msg, (ChocoDelta, ChocoReset)) and now >= self._calm_until:
+            self.interval = min(self.max_interval, 2 * self.interval)
+            self._calm_until = now + 2 * self.interval
+            self._lost = True
+            self.stats["slowdowns"] = self.stats.get("slowdowns", 0) + 1
 
     # -- the two halves of a round ------------------------------------------------------------
     def _mix(self, degree: int, now: float) -> None:

@@ -81,6 +81,8 @@ def _read_file(path: Path, types: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in data.items():
         if key not in types:
             raise CliError(f"{path}: unknown key {key!r} (keys are the flags of p2p start, with underscores)")
+        if _base(types[key]) is str and isinstance(value, int) and not isinstance(value, bool):
+            data[key] = value = str(value)  # a number where a word may go too (diloco_inner_steps = 25, or "auto")
         if not _fits(value, types[key]):
             raise CliError(f"{path}: {key} = {value!r}: want {_type_name(types[key])}")
     return data
