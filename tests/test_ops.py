@@ -63,7 +63,9 @@ def test_metrics_status_page_and_health_of_live_nodes(tmp_path):
         first = wait_until(lambda: (f := scrape(addr)) and value(f, "p2p_steps") > 50 and sent_to_other(f) > 0 and f,
                            60, what="training and averaging")
         later = wait_until(lambda: (f := scrape(addr)) and value(f, "p2p_steps") > value(first, "p2p_steps") + 100
-                           and value(f, "p2p_accuracy") > 0 and f, 60, what="the step counter to move, an evaluation")
+                           and value(f, "p2p_accuracy") > 0
+                           and value(f, "p2p_exchanges", outcome="completed") > value(first, "p2p_exchanges", outcome="completed")
+                           and f, 60, what="the step counter to move, an evaluation, another exchange")
         for family in ("p2p_steps", "p2p_steps_per_second", "p2p_loss", "p2p_accuracy", "p2p_sent_bytes",
                        "p2p_received_bytes", "p2p_exchanges", "p2p_rejected_messages", "p2p_members",
                        "p2p_membership_events", "p2p_consensus_estimate", "p2p_averaging_pause_seconds",
