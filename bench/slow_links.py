@@ -102,6 +102,10 @@ P2P_CONFIGS: dict[str, list[str]] = {
                               "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0"],
     # SparseLoCo's round (arXiv:2508.15706): top 2% of each chunk at 2 bits with error feedback,
     # outer lr 1 and no momentum (its rule): ~13x fewer bytes a round than int4
+    "p2p-diloco-sparse-h25-overlap": ["--algorithm", "diloco", "--compression", "sparseloco",
+                                      "--diloco-inner-steps", "25", "--diloco-outer-lr", "1.0",
+                                      "--diloco-outer-momentum", "0", "--diloco-overlap"],
+    # the same with the round beside the next 25 inner steps: the trainer never waits on it
     "p2p-diloco-int4-hauto": ["--algorithm", "diloco", "--compression", "int4", "--diloco-inner-steps", "auto",
                               "--diloco-outer-lr", "0.5", "--diloco-outer-momentum", "0.8"],
     # H chosen from the measured link and step time (p2p/averaging/outer_schedule.py): the fewest
