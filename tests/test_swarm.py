@@ -1,6 +1,7 @@
 """Real peers: separate processes, real ZeroMQ over loopback, real torch training."""
 
 import signal
+import sys
 
 import numpy as np
 import pytest
@@ -86,4 +87,25 @@ def test_garbage_and_wrong_version_messages_are_rejected_and_counted(tmp_path):
                             20, what="rejections to be counted")
         assert status["rejected"] == {"malformed": 1, "version": 1, "non_finite": 1}
         assert status["phase"] == "training"  # still alive and training
+        swarm.kill(0, signal.SIGUSR1)  # an operator's "what are you doing": every thread's stack, and go on
+        wait_until(lambda: "most recent call first" in swarm.log_tail(0, 400), 20, what="the stacks in the log")
+        assert swarm.status(0)["phase"] == "training"
         assert swarm.stop() == [0]
+
+
+class _Stubborn(LocalSwarm):
+    """A "peer" that ignores SIGTERM, as a node stuck in its shutdown would."""
+
+    def command(self, i, join):
+        return [sys.executable, "-c", "import faulthandler, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "faulthandler.register(signal.SIGUSR1, all_threads=True); print('ready', flush=True); time.sleep(120)"]
+
+
+def test_a_peer_late_to_stop_is_killed_and_its_stacks_are_shown(tmp_path, capsys):
+    swarm = _Stubborn(1, tmp_path)
+    swarm.start()
+    wait_until(lambda: "ready" in swarm.log_tail(0), 30, what="the stub to start")
+    assert swarm.stop(timeout_s=0.5) == [-signal.SIGKILL]
+    err = capsys.readouterr().err
+    assert "peer 0 did not stop in time" in err
+    assert "most recent call first" in err and '"<string>", line 1' in err

@@ -10,8 +10,10 @@ the ``NodeConfig`` around it. Every flag can also come from ``--config FILE`` (T
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import sys
 import typing
 from typing import List, Optional
@@ -138,6 +140,9 @@ def start(
     if slowdown < 1.0:
         raise CliError(f"{where('slowdown')} must be >= 1, got {slowdown:g}")
     configure_logging(log_level, log_format)
+    # `kill -USR1 PID` prints every thread's stack to stderr: what a node that will not stop (or
+    # stalls) is doing, without a debugger. LocalSwarm sends it to a peer late to stop.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         task_obj = load_task(task)
     except TaskError as exc:

@@ -113,11 +113,25 @@ class LocalSwarm:
                 codes.append(proc.wait(None if deadline is None else max(floor, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
                 if kill_late:
-                    proc.kill()
-                    codes.append(proc.wait())
+                    codes.append(self._kill_late(self.procs.index(proc)))
                 else:
                     codes.append(None)
         return codes
+
+    def _kill_late(self, i: int) -> int:
+        """A peer that missed its stop deadline: ask for its threads' stacks (SIGUSR1,
+        faulthandler in p2p/cli/start.py), SIGKILL it, and print its log's tail to stderr, so a
+        test that fails on its exit code shows what it was stuck in."""
+        proc = self.procs[i]
+        proc.send_signal(signal.SIGUSR1)
+        try:
+            return proc.wait(2.0)  # it may still finish meanwhile
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        print(f"local_swarm: peer {i} did not stop in time (SIGKILL); the end of its log, with its stacks:\n"
+              f"{self.log_tail(i, 80)}", file=sys.stderr)
+        return code
 
     def __enter__(self) -> "LocalSwarm":
         return self
