@@ -211,10 +211,12 @@ def verify_hello(clear: bytes, signed: bytes, allowed: frozenset) -> bytes:
 
 
 class Bindings:
-    """Node id (the sender address a message names) -> the allowed key first seen with it."""
+    """Name (the sender address a message names; a member's id, p2p/net/member_ids.py) -> the
+    allowed key first seen with it."""
 
-    def __init__(self, capacity: int = MAX_BINDINGS) -> None:
+    def __init__(self, capacity: int = MAX_BINDINGS, reason: str = "identity_mismatch") -> None:
         self.capacity = capacity
+        self.reason = reason  # what a refusal is counted as
         self._key: dict[str, bytes] = {}
 
     def check(self, node: str, public: bytes) -> None:
@@ -222,11 +224,14 @@ class Bindings:
         if bound == public:
             return
         if bound is not None:
-            raise RemoteProtocolError("identity_mismatch", f"{node} is bound to key {short(bound)}, "
-                                                           f"not {short(public)}")
+            raise RemoteProtocolError(self.reason, f"{node} is bound to key {short(bound)}, not {short(public)}")
         if len(self._key) >= self.capacity:
-            raise RemoteProtocolError("identity_mismatch", f"{node}: {self.capacity} node ids bound already")
+            raise RemoteProtocolError(self.reason, f"{node}: {self.capacity} node ids bound already")
         self._key[node] = public
+
+    def get(self, node: str) -> Optional[bytes]:
+        """The key ``node`` is bound to, or None."""
+        return self._key.get(node)
 
     def keep_only(self, allowed: frozenset) -> None:
         """The allow file changed: forget ids bound to keys no longer on it (a re-keyed machine
