@@ -24,13 +24,13 @@ A node's identity file holds its private key (``p2p keygen --identity``; mode 60
 swarm key). The allow file lists public keys (``p2p keygen --public node.id`` prints one), one a
 line, ``#`` comments allowed; others may read it but not write it. It is re-read when it
 changes: a key taken off it is refused from the next reload on, and its bulk connections are
-closed. The node id (the address a message names as its sender) is bound to the first allowed
-key seen with it (``Bindings``): another allowed key claiming that id is refused until the
-first key leaves the allow file.
+closed. The sender address a message names is bound to the first allowed key seen with it
+(``Bindings``): another allowed key claiming that address is refused until the first key leaves
+the allow file. Membership's node ids (``--id``) are bound the same way (p2p/net/member_ids.py).
 
 Failures raise ``RemoteProtocolError``, counted by reason: ``unsigned`` (no signature where
 one is needed), ``not_allowed`` (a key not on the allow file), ``bad_signature``,
-``identity_mismatch`` (a node id bound to another key).
+``identity_mismatch`` (a sender address bound to another key).
 
 What it does not do: a removed machine still holds the swarm key, so it can still read traffic
 it can capture, and on the network path it could alter a bulk stream's records (their key comes
