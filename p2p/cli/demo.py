@@ -26,6 +26,7 @@ def demo(
     live: bool = typer.Option(True, help="Show the live view on stderr."),
     swarm_key: Optional[str] = typer.Option(None, "--swarm-key", envvar="P2P_SWARM_KEY",
                                             help="Key file (p2p keygen): every peer seals its messages with it."),
+    identities: bool = typer.Option(False, "--identities", help="Give each peer its own identity and all one allow file, made in the run's directory (with a swarm key, if --swarm-key is not given)."),
     keep_logs: Optional[str] = typer.Option(None, help="Directory to keep the peers' logs and the run's metrics.jsonl in (p2p plot DIR draws them)."),
 ) -> None:
     """Run a swarm of peers on this machine and report how close they get to one process."""
@@ -45,7 +46,7 @@ def demo(
     config = DemoConfig(peers=peers, steps=steps, duration_s=duration, task=task, seed=seed,
                         algorithm=algorithm, topology=checked.topology_name, compression=compression,
                         base_port=base_port, live=live, log_dir=keep_logs, cache_dir=cache_dir(),
-                        swarm_key=swarm_key)
+                        swarm_key=swarm_key, identities=identities)
     read_key_file(swarm_key)  # a bad key file is one line here, not one per peer
     try:
         summary = run_demo(config)

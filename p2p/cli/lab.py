@@ -138,6 +138,12 @@ def _peer_line(i: int, info: Optional[dict]) -> str:
             f"recv {info['bytes_received'] / 1e6:.1f} MB")
 
 
+def _query_flags(swarm: LabSwarm) -> str:
+    """What `p2p status` needs to be answered by a sealed swarm (an identity: peer 0's)."""
+    return ((f" --swarm-key {swarm.swarm_key}" if swarm.swarm_key else "")
+            + (f" --identity {swarm.identity_files[0]}" if swarm.identity_files else ""))
+
+
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
@@ -157,6 +163,7 @@ def run(
     keep_lab: bool = typer.Option(False, help="Leave a lab this command built up when it ends."),
     swarm_key: Optional[str] = typer.Option(None, "--swarm-key", envvar="P2P_SWARM_KEY",
                                             help="Key file (p2p keygen) every peer seals its messages with."),
+    identities: bool = typer.Option(False, "--identities", help="Give each peer its own identity and all one allow file, made in the log directory (with a swarm key, if --swarm-key is not given)."),
     prefix: str = PREFIX,
     subnet: str = typer.Option(DEFAULT_SUBNET, help="Subnet, when this command builds the lab."),
     extra: Optional[List[str]] = typer.Argument(None, help="Extra `p2p start` arguments, after --."),
@@ -198,7 +205,8 @@ def run(
         node_args += ["--steps", str(steps)]
     node_args += list(extra or [])
     per_peer = [["--shard", f"{i}/{lab.peers}"] if shard else [] for i in range(lab.peers)]
-    swarm = LabSwarm(lab, log_path, node_args, port=port, per_peer_args=per_peer, join=join, swarm_key=swarm_key)
+    swarm = LabSwarm(lab, log_path, node_args, port=port, per_peer_args=per_peer, join=join, swarm_key=swarm_key,
+                     identities=identities)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     codes: list = []
     try:
@@ -206,8 +214,8 @@ def run(
         print(f"{lab.peers} peers started; logs: {log_path}/peer0.log .. peer{lab.peers - 1}.log")
         for i in range(lab.peers):
             print(f"  peer {i}: {swarm.addrs[i]} in namespace {lab.ns(i)}")
-        print(f"query one: p2p status --peer {swarm.addrs[0]}; cut one: p2p lab cut 1 --prefix {prefix}; "
-              f"stop: Ctrl-C", flush=True)
+        print(f"query one: p2p status --peer {swarm.addrs[0]}{_query_flags(swarm)}; "
+              f"cut one: p2p lab cut 1 --prefix {prefix}; stop: Ctrl-C", flush=True)
         last = time.monotonic()
         while any(swarm.alive(i) for i in range(lab.peers)):
             time.sleep(0.2)

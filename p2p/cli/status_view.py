@@ -100,7 +100,8 @@ def _sync_line(sync: dict) -> str:
 
 
 SEAL_REASONS = ("unauthenticated", "no_key", "bad_key", "replay")  # p2p/net/seal.py
-IDENTITY_REASONS = ("unsigned", "not_allowed", "bad_signature", "identity_mismatch")  # p2p/net/identity.py
+IDENTITY_REASONS = ("unsigned", "not_allowed", "bad_signature", "identity_mismatch",  # p2p/net/identity.py
+                    "sender_mismatch", "member_mismatch")  # p2p/net/member_ids.py
 
 
 def security_line(info: dict) -> str:
@@ -118,6 +119,7 @@ def security_line(info: dict) -> str:
     if ids:
         counts = ", ".join(f"{r} {rejected.get(r, 0)}" for r in IDENTITY_REASONS)
         line += (f"\nidentities: signed as {ids['public_key']}, {ids['allowed']} keys allowed "
-                 f"({ids['allow_file']}), {ids['bound_ids']} node ids bound; rejected {counts}"
+                 f"({ids['allow_file']}), {ids['bound_ids']} addresses and "
+                 f"{ids.get('bound_member_ids', 0)} member ids bound; rejected {counts}"
                  + (f"; allow file: {ids['allow_file_error']}" if ids.get("allow_file_error") else ""))
     return line

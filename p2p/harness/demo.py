@@ -51,6 +51,7 @@ class DemoConfig:
     start_timeout_s: float = 60.0  # every peer must answer status by then
     settle_s: float = 5.0  # at most this long mixing after training, before the final read
     swarm_key: Optional[str] = None  # key file every peer seals its messages with (None: an open swarm)
+    identities: bool = False  # an identity per peer, one allow file for all (and a swarm key if none is given)
 
 
 def _evaluate(task: Any, params: np.ndarray, seed: int) -> dict[str, float]:
@@ -84,7 +85,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     node_args += ["--steps", str(steps)] if steps is not None else ["--duration", str(config.duration_s)]
     per_peer = [["--shard", f"{i}/{config.peers}"] for i in range(config.peers)]
     swarm = LocalSwarm(config.peers, log_dir, node_args, ports=ports, per_peer_args=per_peer,
-                       swarm_key=config.swarm_key)
+                       swarm_key=config.swarm_key, identities=config.identities)
     view = LiveView(config.live, config.peers)
     metrics = MetricsLog(log_dir / "metrics.jsonl")
     try:

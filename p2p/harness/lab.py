@@ -465,11 +465,11 @@ class LabSwarm(LocalSwarm):
 
     def __init__(self, lab: Lab, log_dir: Path, node_args: Sequence[str] = (), port: int = 7000,
                  per_peer_args: Optional[Sequence[Sequence[str]]] = None, join: str = "previous",
-                 swarm_key: Optional[str] = None) -> None:
+                 swarm_key: Optional[str] = None, identities: bool = False) -> None:
         if join not in ("previous", "first"):
             raise LabError(f"join must be 'previous' or 'first', got {join!r}")
         super().__init__(lab.peers, log_dir, node_args, ports=[port] * lab.peers,
-                         per_peer_args=per_peer_args, swarm_key=swarm_key)
+                         per_peer_args=per_peer_args, swarm_key=swarm_key, identities=identities)
         self.lab = lab
         self.join = join
         self.addrs = [f"{lab.addr(i)}:{port}" for i in range(lab.peers)]

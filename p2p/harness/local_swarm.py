@@ -2,6 +2,10 @@
 
 Each peer is a separate OS process listening on its own loopback port; peer i joins through
 peer i-1 (so no peer is special after the first hop). Logs go to one file per peer.
+
+With ``identities=True`` every peer gets its own identity file and all share one allow file
+listing every peer's key (p2p/net/identity.py), written next to the logs (a swarm key too, if
+none was given: identities need one); the harness queries the peers as peer 0.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from p2p.net.client import QueryError, state, status
-from p2p.net.keyring import load_key_file
+from p2p.net.identity import Identity, public_line
+from p2p.net.keyring import load_key_file, new_key_line
 from p2p.net.ports import free_ports
 
 
@@ -27,18 +32,46 @@ def consensus_distance(vectors: Sequence[np.ndarray]) -> float:
     return float(np.linalg.norm(stacked - stacked.mean(axis=0), axis=1).mean())
 
 
+def _write(path: Path, text: str, mode: int) -> str:
+    """``text`` into ``path`` with ``mode`` from the start (a key file is never readable by others)."""
+    tmp = path.with_name(path.name + ".new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, mode)  # (O_CREAT's mode passes through the umask; an old file keeps its own)
+    os.replace(tmp, path)
+    return str(path)
+
+
 class LocalSwarm:
     def __init__(self, peers: int, log_dir: Path, node_args: Sequence[str] = (),
                  ports: Optional[Sequence[int]] = None, host: str = "127.0.0.1",
-                 per_peer_args: Optional[Sequence[Sequence[str]]] = None, swarm_key: Optional[str] = None) -> None:
+                 per_peer_args: Optional[Sequence[Sequence[str]]] = None, swarm_key: Optional[str] = None,
+                 identities: bool = False) -> None:
         self.ports = list(ports) if ports is not None else free_ports(peers, host)
         self.addrs = [f"{host}:{p}" for p in self.ports]
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.per_peer_args = [list(a) for a in per_peer_args] if per_peer_args else [[] for _ in self.addrs]
+        self.identity: Optional[Identity] = None  # the harness's own queries are signed as peer 0
+        self.identity_files: list[str] = []  # peer i's identity file (identities on)
+        if identities:
+            swarm_key = swarm_key or _write(self.log_dir / "swarm.key", new_key_line() + "\n", 0o600)
+            self._make_identities()
+        self.swarm_key = swarm_key
         self.node_args = list(node_args) + (["--swarm-key", swarm_key] if swarm_key else [])
         self.keyring = load_key_file(swarm_key) if swarm_key else None  # to query the peers
-        self.per_peer_args = [list(a) for a in per_peer_args] if per_peer_args else [[] for _ in self.addrs]
         self.procs: list[Optional[subprocess.Popen]] = [None] * peers
+
+    def _make_identities(self) -> None:
+        """peerI.id for each peer (fresh keys every run) and allow.txt with all their keys."""
+        made = [Identity.generate() for _ in self.addrs]
+        allow = _write(self.log_dir / "allow.txt", "".join(f"{public_line(m.public)}  # peer {i}\n"
+                                                           for i, m in enumerate(made)), 0o644)
+        for i, identity in enumerate(made):
+            self.identity_files.append(_write(self.log_dir / f"peer{i}.id", identity.file_text(), 0o600))
+            self.per_peer_args[i] += ["--identity", self.identity_files[i], "--allow", allow]
+        self.identity = made[0]
 
     def command(self, i: int, join: Sequence[str]) -> list[str]:
         cmd = [sys.executable, "-m", "p2p", "start", "--listen", self.addrs[i], "--threads", "1",
@@ -73,7 +106,7 @@ class LocalSwarm:
         if not self.alive(i):
             return None
         try:
-            return status(self.addrs[i], timeout_s, self.keyring)
+            return status(self.addrs[i], timeout_s, self.keyring, self.identity)
         except QueryError:
             return None
 
@@ -81,7 +114,7 @@ class LocalSwarm:
         if not self.alive(i):
             return None
         try:
-            return np.array(state(self.addrs[i], timeout_s, self.keyring).params)  # copy out of the frame
+            return np.array(state(self.addrs[i], timeout_s, self.keyring, self.identity).params)  # copy out of the frame
         except QueryError:
             return None
 

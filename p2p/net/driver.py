@@ -25,6 +25,7 @@ import zmq
 from p2p.net.heap import release_free_memory
 from p2p.net.identity import AllowFile, Bindings
 from p2p.net.keyring import KeyFile
+from p2p.net.member_ids import ROW_REASON, SENDER_REASON, MemberIds
 from p2p.net.control import ModelReply, ModelRequest, StateReply, StateRequest, StatusReply, StatusRequest
 from p2p.events import event
 from p2p.peer import Peer
@@ -37,7 +38,8 @@ if TYPE_CHECKING:  # the trainer's side of the averager's hooks (p2p/training/st
 
 log = logging.getLogger("p2p.net.driver")
 REJECT_LOG_EVERY_S = 10.0  # rejected messages: one log line per this long (and the first of each reason)
-IDENTITY_REASONS = ("unsigned", "not_allowed", "bad_signature", "identity_mismatch")  # p2p/net/identity.py
+IDENTITY_REASONS = ("unsigned", "not_allowed", "bad_signature", "identity_mismatch",  # p2p/net/identity.py
+                    SENDER_REASON, ROW_REASON)  # p2p/net/member_ids.py
 MAX_LOGGED_KEYS = 256
 # Give the heap's free memory back (p2p/net/heap.py) every TRIM_EVERY_S while messages arrive
 # at TRIM_AFTER_MESSAGES or more a period (a flood), and once more in the period after one ends.
@@ -65,7 +67,8 @@ class NetworkDriver:
         self.transport = transport
         self.key_file = key_file  # re-read when it changes (key rotation); transport.keyring follows
         self.allow_file = allow_file  # identities' allow file, re-read likewise; transport.allowed follows
-        self.bindings = Bindings()  # node id -> the allowed key first seen with it (identities on)
+        self.bindings = Bindings()  # sender address -> the allowed key first seen with it (identities on)
+        self.member_ids = MemberIds(self.bindings)  # membership's node ids, likewise
         self.tamper = tamper  # test-only: a hostile peer rewrites what it sends (p2p/averaging/hostile.py)
         self.peer = peer
         self.advertise = advertise
@@ -236,6 +239,7 @@ class NetworkDriver:
         if allow.reload_if_changed():
             self.transport.set_allowed(allow.allowed)
             self.bindings.keep_only(allow.allowed)
+            self.member_ids.keep_only(allow.allowed)
             self._logged_keys.clear()  # a key put back on and off again is logged again
             event("allow_reloaded", f"allow file reloaded: {len(allow.allowed)} keys", logging.WARNING,
                   keys=len(allow.allowed))
@@ -261,14 +265,17 @@ class NetworkDriver:
                 return
             if incoming.signer is not None:  # (clients, above, have no node id to bind)
                 self.bindings.check(src, incoming.signer)
+                msg, dropped, problem = self.member_ids.screen(msg, incoming.signer)
+                if problem is not None:  # rows dropped, the rest of the message goes on
+                    self._reject(problem, now, dropped)
             sends = self.peer.receive(src, msg, now)
         except RemoteProtocolError as exc:
             self._reject(exc, now)
             return
         self._send_all(sends)
 
-    def _reject(self, exc: RemoteProtocolError, now: float) -> None:
-        self.rejected[exc.reason] += 1
+    def _reject(self, exc: RemoteProtocolError, now: float, count: int = 1) -> None:
+        self.rejected[exc.reason] += count
         total = sum(self.rejected.values())
         # The first of each reason, then at most one line per REJECT_LOG_EVERY_S: a flood (an
         # outsider hammering a sealed swarm) stays a few lines, and the counters say the rest.

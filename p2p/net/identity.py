@@ -24,13 +24,13 @@ A node's identity file holds its private key (``p2p keygen --identity``; mode 60
 swarm key). The allow file lists public keys (``p2p keygen --public node.id`` prints one), one a
 line, ``#`` comments allowed; others may read it but not write it. It is re-read when it
 changes: a key taken off it is refused from the next reload on, and its bulk connections are
-closed. The node id (the address a message names as its sender) is bound to the first allowed
-key seen with it (``Bindings``): another allowed key claiming that id is refused until the
-first key leaves the allow file.
+closed. The sender address a message names is bound to the first allowed key seen with it
+(``Bindings``): another allowed key claiming that address is refused until the first key leaves
+the allow file. Membership's node ids (``--id``) are bound the same way (p2p/net/member_ids.py).
 
 Failures raise ``RemoteProtocolError``, counted by reason: ``unsigned`` (no signature where
 one is needed), ``not_allowed`` (a key not on the allow file), ``bad_signature``,
-``identity_mismatch`` (a node id bound to another key).
+``identity_mismatch`` (a sender address bound to another key).
 
 What it does not do: a removed machine still holds the swarm key, so it can still read traffic
 it can capture, and on the network path it could alter a bulk stream's records (their key comes
@@ -211,10 +211,12 @@ def verify_hello(clear: bytes, signed: bytes, allowed: frozenset) -> bytes:
 
 
 class Bindings:
-    """Node id (the sender address a message names) -> the allowed key first seen with it."""
+    """Name (the sender address a message names; a member's id, p2p/net/member_ids.py) -> the
+    allowed key first seen with it."""
 
-    def __init__(self, capacity: int = MAX_BINDINGS) -> None:
+    def __init__(self, capacity: int = MAX_BINDINGS, reason: str = "identity_mismatch") -> None:
         self.capacity = capacity
+        self.reason = reason  # what a refusal is counted as
         self._key: dict[str, bytes] = {}
 
     def check(self, node: str, public: bytes) -> None:
@@ -222,11 +224,14 @@ class Bindings:
         if bound == public:
             return
         if bound is not None:
-            raise RemoteProtocolError("identity_mismatch", f"{node} is bound to key {short(bound)}, "
-                                                           f"not {short(public)}")
+            raise RemoteProtocolError(self.reason, f"{node} is bound to key {short(bound)}, not {short(public)}")
         if len(self._key) >= self.capacity:
-            raise RemoteProtocolError("identity_mismatch", f"{node}: {self.capacity} node ids bound already")
+            raise RemoteProtocolError(self.reason, f"{node}: {self.capacity} node ids bound already")
         self._key[node] = public
+
+    def get(self, node: str) -> Optional[bytes]:
+        """The key ``node`` is bound to, or None."""
+        return self._key.get(node)
 
     def keep_only(self, allowed: frozenset) -> None:
         """The allow file changed: forget ids bound to keys no longer on it (a re-keyed machine

@@ -478,7 +478,7 @@ class Swarm:
     def _security(self, keyring: Any) -> dict[str, Any]:
         """Open, or sealed with which key, and the identities when on (the rejections are in
         ``rejected``: no_key, bad_key, replay, unauthenticated; unsigned, not_allowed,
-        bad_signature, identity_mismatch)."""
+        bad_signature, identity_mismatch; sender_mismatch, member_mismatch: p2p/net/member_ids.py)."""
         if keyring is None:
             return {"mode": "open", "summary": "open (no --swarm-key: anyone who reaches this node can join)"}
         keys = self._key_file
@@ -489,7 +489,8 @@ class Swarm:
         if allow is not None:
             info["identities"] = {"public_key": public_line(identity.public), "allowed": len(allow.allowed),
                                   "allow_file": allow.path, "reloads": allow.reloads,
-                                  "allow_file_error": allow.last_error, "bound_ids": len(self._driver.bindings)}
+                                  "allow_file_error": allow.last_error, "bound_ids": len(self._driver.bindings),
+                                  "bound_member_ids": len(self._driver.member_ids)}
         return info
 
     def _bandwidth(self) -> dict[str, Any]:
