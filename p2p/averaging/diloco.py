@@ -553,7 +553,12 @@ class DiLoCo(AsynchronousHooks):
             return
         if self._scatter is not None:  # phase 2: our averaged slice to all (outer_scatter.py)
             included = (mixed.senders - mixed.refused) | {self.self_addr}
-            self._outbox += self._scatter.gather(r, self._payload[1], included, now, self._round_timeout())
+            # An owner that began with us may wait for a missing contributor up to the longest
+            # round timeout: its averaged slice gets our usual one after that. After a round that
+            # missed a slice, only the usual one (a dead owner costs that long once).
+            timeout = self._round_timeout()
+            wait = timeout + max(0.0, self._began_at + self.config.round_timeout_s - now) * self._scatter.complete
+            self._outbox += self._scatter.gather(r, self._payload[1], included, now, wait)
             self._poll(now)
             return
         self._outer_step(now)

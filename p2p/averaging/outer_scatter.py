@@ -171,6 +171,7 @@ class OuterScatter:
         self._agreed: tuple = ()
         self._alive: frozenset = frozenset()
         self.delta = np.zeros(numel, dtype=np.float32)
+        self.complete = True  # the last round gathered every slice
 
     def plan_for(self, round: int, self_addr: str, neighbours: Sequence[str]) -> Plan:
         """The set round ``round`` is cut for: the one its first slice to reach us was taken
@@ -308,6 +309,7 @@ class OuterScatter:
             names.append(f"{owner}/{digest(entry[0])}")  # two peers that took the same step name the same
         self.stats["scatter_rounds"] += 1
         self.stats["scatter_slices_skipped"] += len(skipped)
+        self.complete = not skipped
         self.stats["scatter_view_mismatch"] += sum(1 for members, _ in box if members != plan.members)
         # the member set most owners cut this round for, and whose Deltas reached one
         votes: dict[tuple, int] = {}
