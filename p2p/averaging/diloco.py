@@ -106,6 +106,10 @@ and the momentum travel in every round (a left-out one is an empty tensor, which
 mixes as "equal to mine"). Each share names whose Deltas its sender's previous round averaged
 (``mixed``): replays and the check of a pull in flight rest on it.
 
+Reduce-scatter (``reduce_scatter``, ``--diloco-reduce-scatter``; off by default): the round on
+``full`` as a reduce-scatter + all-gather, 2(N-1)/N model-sizes per peer instead of N-1
+(p2p/averaging/outer_scatter.py: slice ownership, failures, why not sparseloco).
+
 Round deadlines on ``full`` follow the link (issue 16): a round waits at most ``ROUND_SLACK``
 times the usual wait for all shares (an EWMA of the rounds that completed, so the bytes / the
 measured rate and the neighbours' skew; doubled after each round that timed out), between

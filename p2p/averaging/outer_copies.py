@@ -109,10 +109,10 @@ class CopyWatch:
         the clipping is a function of the set (robust.py, "One answer for one set")."""
         self._averaged = {k: v for k, v in self._averaged.items() if k >= r - 1}
         self._averaged[r] = average
-        if names is None:
-            used = (mixed.senders - mixed.refused) | {self.self_addr}
-            names = tuple(sorted(used))
-        self.mixed_last = names if exact and self.self_addr is not None else ()
+        if not exact or self.self_addr is None:
+            self.mixed_last = ()
+        else:
+            self.mixed_last = names or tuple(sorted((mixed.senders - mixed.refused) | {self.self_addr}))
         self._mixed_at = {k: v for k, v in self._mixed_at.items() if k >= r - 2}
         self._mixed_at[r] = self.mixed_last
 

@@ -17,44 +17,56 @@ IJHPCA 2005): the vector is cut into N slices, slice k has one owner, and
   (``OuterGather``), with the list of peers whose contributions it included, and applies the
   decoded copy itself, so every peer that holds the gathered slices takes the same outer step.
 
-Bytes per peer: (N-1)/N of a model out in each phase, 2(N-1)/N in all (plus N-1 headers per
-phase: a sketch of 256 floats and the ``mixed`` list in phase 1), against N-1 for all-to-all;
-with 4 peers 1.5 against 3 model-sizes (tests/test_diloco_scatter.py measures it in the
-simulator). Direct sends, not a ring: N-1 messages per phase instead of a ring's 2(N-1)
+Bytes per peer: (N-1)/N of a model out in each phase, 2(N-1)/N in all, plus N-1 headers per
+phase (the member list, N addresses; in phase 1 also a sketch of 256 floats and the ``mixed``
+list: O(N^2) bytes per peer and round, small beside a model up to some hundred peers), against
+N-1 for all-to-all. With 4 peers and 100k float32 parameters one round sent 604 kB per peer
+against 1.20 MB (int8: 156 kB against 308 kB; tests/test_diloco_scatter.py, peers driven by
+hand through p2p.wire). Direct sends, not a ring: N-1 messages per phase instead of a ring's 2(N-1)
 sequential hops, so one missing peer costs one slice, not the whole pipeline. Each slice is
 compressed twice (the contributions, then their average): the dense codecs' errors are
 unbiased and fresh each round (diloco.py, "Compression"), so a second one only adds variance.
 
-**Who owns what.** The round's member set is us and the neighbours the driver gave for the
-round (on ``full``: every live member), sorted; slice k = entries [k*numel//N, (k+1)*numel//N)
-belongs to the k-th member. Every message names the set by a digest of it: a slice or a gathered
-slice sent under another view of the membership (a join or a death not yet known everywhere) is
-dropped and counted (``scatter_view_mismatch``), never mixed: its bounds would not be ours.
+**Who owns what.** Slice k = entries [k*numel//N, (k+1)*numel//N) belongs to the k-th of the
+round's member set, sorted. Every message carries the set it was cut for (``members``), and a
+slice cut for another set than the owner's is dropped and counted (``scatter_view_mismatch``),
+never mixed: its bounds are not the owner's. The set must agree across peers, and the driver's
+neighbour lists do not always (a join or a death not yet known everywhere; in the simulator, a
+pair of peers whose link is cut each drop the other from their view while the rest still see
+both), so the set is what the last round agreed on: the one most of its gathered slices were
+cut for, less those that are no longer neighbours and whose Delta reached no owner (dead), plus
+our neighbours (joiners). Before we begin a round, its set is pinned by the first slice we take
+for it; a slice taken for another set before we began is dropped from the round then
+(``NeighbourRounds.discard``).
 
 **Failures.** Unlike gossip, where a missing neighbour only leaves its weight on ours and every
-round is self-contained (rounds.py), a reduce-scatter gives each peer one piece of everyone's
-work, so a missing peer takes a piece of the average with it:
+round stands alone (rounds.py), a reduce-scatter gives each peer one piece of everyone's work,
+so a missing peer takes a piece of the average with it:
 
-- *a missing contributor* (crashed, link cut, other view): its owner's deadline passes, the
-  owner averages what arrived and names whose in its ``OuterGather``; every peer applies that
-  same slice, so the copies stay equal (the all-to-all round leaves each peer with its own set
-  instead, which the copy repair then mends);
-- *a missing owner* (crashed before or during phase 2, or its gather lost): a peer whose
-  phase 2 deadline passes without slice k skips the outer step on slice k: theta_start and the
-  outer momentum stay as they were there and the model keeps its inner progress on it, which the
-  next Delta (theta_start - x) sends again, so nothing is lost but a round's delay. When the owner
-  died before sending, every peer skips slice k and the copies stay equal. When it reached only
-  some peers, the copies are apart on slice k: the sketches of the next round (256 fixed
-  positions, about 256/N of them in slice k) show it and the peers outside the largest group of
-  matching copies pull the swarm's (theta_start, momentum) (outer_copies.py, outer_repair.py),
-  as after a partial round of the all-to-all path. (A replay cannot mend it: no peer holds the
-  others' whole Deltas, so replays here always fall back to a pull.) A third phase that agrees
-  on the set of gathered slices before applying them would close this window at one more
-  round trip; it is not built.
-- *a membership change mid-round*: the view digests differ, the messages across the two views
-  are dropped, and the round degrades to the cases above for the slices concerned. There is no
-  switch back to the all-to-all round within a round: the peers of a swarm must all run with
-  the setting or all without (a share of the other kind is refused, counted as ``unexpected``).
+- *a missing contributor* (crashed, link cut, another set): its owner's round deadline passes,
+  the owner averages what arrived and names whose in its ``OuterGather``; every peer applies
+  that same slice, so the copies stay equal (the all-to-all round leaves each peer with its own
+  set instead, which the copy repair then mends);
+- *a missing owner* (crashed before or during phase 2, or its gather lost): phase 2 waits for an
+  owner that may itself wait out a missing contributor (the longest round timeout past the
+  round's begin, then our usual wait; only the usual wait after a round that missed a slice, so
+  a dead owner costs that once). A peer still without slice k then skips the outer step on
+  slice k: theta_start and the outer momentum stay as they were there and the model keeps its
+  inner progress on it, which the next Delta (theta_start - x) sends again, so nothing is lost
+  but a round's delay. An owner that died before sending: every peer skips slice k, the copies
+  stay equal. One that reached only some: the copies are apart on slice k, the next round's
+  sketches (256 fixed positions, ~256/N in slice k) show it and the peers outside the largest
+  group of matching copies pull the swarm's (theta_start, momentum) (outer_copies.py,
+  outer_repair.py), as after a partial round of the all-to-all path. A replay cannot mend it (no
+  peer holds the others' whole Deltas: it falls back to the pull). A third phase that agreed on
+  the gathered set before applying it would close this window at one more round trip; not built.
+- *a cut link* (o and p alive, their messages lost): o's gather goes to p through one relay, the
+  lowest other member p heard from, when p's slice of the round lacks o's contribution or o's
+  lacks p's (``scatter_relayed``); gossip needs no such thing, a cut link there only removes an
+  edge from the mixing graph.
+
+There is no switch to the all-to-all round within a round or a swarm: all peers run with the
+setting or all without (a share of the other kind is refused as ``unexpected``).
 
 Only the dense codecs (none, fp16, bf16, int8, int4): ``sparseloco`` sends each peer's Delta with
 error feedback on what its top-k left out, and an owner's top-k of the average would drop most
