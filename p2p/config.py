@@ -368,6 +368,9 @@ def check_runnable(config: SwarmConfig) -> None:
             check_combination(name, config.topology_name, codec)
         except ValueError as exc:
             raise SettingError(setting, str(exc)) from None
+    if getattr(config.options, "reduce_scatter", False) and config.topology_name != "full":
+        raise SettingError("diloco_reduce_scatter", f"needs --topology full (every peer owns a slice of everyone's "
+                                                    f"Delta), not {config.topology_name}")
     try:
         make_averager(name, config.averaging, _ProbePort(), random.Random(0), 0.0, options=config.options)
     except (ValueError, LocalProtocolError) as exc:

@@ -257,6 +257,20 @@ def test_the_setting_takes_the_dense_codecs_and_one_gossip_round():
         swarm_config(algorithm="diloco", diloco_reduce_scatter=True, compression="sparseloco")
     with pytest.raises(SettingError, match="gossip_rounds 1"):
         swarm_config(algorithm="diloco", diloco_reduce_scatter=True, diloco_gossip_rounds=2)
+    with pytest.raises(SettingError, match="needs --topology full"):
+        swarm_config(algorithm="diloco", diloco_reduce_scatter=True, topology="ring")
     with pytest.raises(LocalProtocolError, match="dense codecs"):
         DiLoCo(AveragingConfig(compression="sparseloco"), ArrayPort(np.zeros(8)), random.Random(0), 0.0,
                DiLoCoConfig(reduce_scatter=True))
+
+
+def test_the_setting_comes_from_a_config_file_too(tmp_path):
+    import typing
+
+    from p2p.cli.sources import merge
+    from p2p.cli.start import start
+
+    path = tmp_path / "swarm.toml"
+    path.write_text('algorithm = "diloco"\ndiloco_reduce_scatter = true\ncompression = "int4"\n')
+    values = merge({}, typing.get_type_hints(start), str(path), environ={}).values
+    assert swarm_config(**values).options.reduce_scatter
