@@ -229,6 +229,8 @@ def test_late_gathers_are_counted_and_dropped_and_the_other_round_kind_is_refuse
     swarm.outer_round()
     peer = swarm.peers[ADDRS[0]]
     assert peer.receive(ADDRS[1], gather_msg(round=0), 1.0, ADDRS[1:]) == [] and peer.stats["scatter_late"] == 1
+    assert peer.receive(ADDRS[1], gather_msg(round=100), 1.0, ADDRS[1:]) == [] and peer.stats["scatter_overflow"] == 1
+    assert peer._scatter._got == {}  # neither kept
     share = OuterShare(0, 0, 3, "m/1000", np.empty(0, np.float32), np.zeros(1000, np.float32),
                        np.zeros(peer._positions.size, np.float32), np.empty(0, np.float32))
     with pytest.raises(RemoteProtocolError, match="reduce-scatter"):

@@ -570,7 +570,7 @@ class DiLoCo(AsynchronousHooks):
     def _gathered(self, now: float) -> None:
         """Phase 2 ended: the outer step with the gathered slices, a missing one held."""
         r, delta, skipped, names = self._scatter.finish()
-        self._watch.note_average(r, delta, None, True, names)
+        self._watch.note_average(r, delta, None, not self.config.staleness_aware, names)
         start, _, momentum = self._payload
         self._payload = (start, delta, momentum)
         self._outer_step(now, skipped)

@@ -168,7 +168,8 @@ class OuterScatter:
         self._codec = make_compressor(codec, **params)
         self.numel, self.model_key, self.stats = numel, model_key, stats
         for key in ("scatter_rounds", "scatter_slices_skipped", "scatter_contributors_missing",
-                    "scatter_view_mismatch", "scatter_relayed", "scatter_late", "scatter_duplicates"):
+                    "scatter_view_mismatch", "scatter_relayed", "scatter_late", "scatter_duplicates",
+                    "scatter_overflow"):
             stats.setdefault(key, 0)
         self._plans: dict[int, Plan] = {}  # round -> our plan (the round in phase 1, or phase 2)
         self._pinned: dict[int, Plan] = {}  # rounds not begun yet -> the set their first slice was taken for
@@ -234,7 +235,7 @@ class OuterScatter:
             self.stats["scatter_view_mismatch"] += 1
             return None
         if msg.round not in self._taken and len(self._taken) >= MAX_PINNED:
-            self.stats["scatter_duplicates"] += 1  # a flood of rounds: not kept
+            self.stats["scatter_overflow"] += 1  # a flood of rounds: not kept
             return None
         self._taken.setdefault(msg.round, {})[src] = plan.members
         return self._decode(msg)
@@ -268,7 +269,7 @@ class OuterScatter:
             self.stats["scatter_late"] += 1
             return []
         if msg.round not in self._got and (msg.round > self._floor + MAX_AHEAD or len(self._got) > MAX_AHEAD):
-            self.stats["scatter_duplicates"] += 1  # a flood of rounds far ahead: not kept
+            self.stats["scatter_overflow"] += 1  # a flood of rounds far ahead: not kept
             return []
         box = self._got.setdefault(msg.round, {})
         key = (tuple(msg.members), msg.index)
