@@ -267,6 +267,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "DiLoCo: gossip rounds per outer step (1 is exact on the full graph)."),
     Setting("diloco_overlap", "diloco", "overlap", _flag,
             "DiLoCo: run the outer round beside the next inner steps, its update one round late (Streaming DiLoCo; on by default, one gossip round)."),
+    Setting("diloco_reduce_scatter", "diloco", "reduce_scatter", _flag,
+            "DiLoCo: average each outer round by reduce-scatter + all-gather, 2(N-1)/N model-sizes per peer instead of N-1 (dense codecs, one gossip round; every peer must run with it)."),
     Setting("sgp_push_interval", "sgp", "push_interval_s", lambda v: float(_number(v, low_ok=True)),
             "SGP: push a share at most this often (seconds)."),
     Setting("elastic_alpha", "elastic", "alpha", lambda v: float(_number(v, high=1)),
@@ -366,6 +368,9 @@ def check_runnable(config: SwarmConfig) -> None:
             check_combination(name, config.topology_name, codec)
         except ValueError as exc:
             raise SettingError(setting, str(exc)) from None
+    if getattr(config.options, "reduce_scatter", False) and config.topology_name != "full":
+        raise SettingError("diloco_reduce_scatter", f"needs --topology full (every peer owns a slice of everyone's "
+                                                    f"Delta), not {config.topology_name}")
     try:
         make_averager(name, config.averaging, _ProbePort(), random.Random(0), 0.0, options=config.options)
     except (ValueError, LocalProtocolError) as exc:

@@ -60,6 +60,10 @@ def one_error_line(lines):
      "only with one gossip round"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--compression", "sparseloco", "--compression-block", "20000"],
      "sparseloco block must be an int in [1, 16384]"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--compression", "sparseloco", "--diloco-reduce-scatter"],
+     "diloco reduce-scatter takes the dense codecs, not 'sparseloco'"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--topology", "ring", "--diloco-reduce-scatter"],
+     "--diloco-reduce-scatter: needs --topology full"),
 ])
 def test_bad_flags_and_task_specs(args, needle):
     if "--device" in args:

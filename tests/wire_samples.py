@@ -51,6 +51,13 @@ SAMPLES += [OuterShareQ(**_Q, round=2, step=100, degree=3, model_key="synthetic/
                         round=4, step=200, degree=3, model_key="synthetic/12", params=np.empty(0, dtype=np.float32),
                         sketch=PARAMS[:4], momentum=np.empty(0, dtype=np.float32))]
 
+from p2p.averaging.outer_scatter import OuterGather, OuterSlice  # noqa: E402
+
+SAMPLES += [OuterSlice(**_Q, round=5, step=250, degree=2, model_key="synthetic/12", sketch=PARAMS[:4],
+                       mixed=("a:1/0123456789abcdef", "b:2/-"), inner_steps=32, members=("a:1", "b:2", "c:3"), index=1),
+            OuterGather(**_Q, round=5, model_key="synthetic/12", members=("a:1", "b:2", "c:3"), index=1,
+                        included=("a:1", "b:2"))]
+
 # State sync (44..47) and the model export (48, 49).
 from p2p.net.control import ModelReply, ModelRequest  # noqa: E402
 from p2p.statesync.messages import SyncChunk, SyncChunkRequest, SyncOffer, SyncQuery  # noqa: E402

@@ -106,6 +106,10 @@ and the momentum travel in every round (a left-out one is an empty tensor, which
 mixes as "equal to mine"). Each share names whose Deltas its sender's previous round averaged
 (``mixed``): replays and the check of a pull in flight rest on it.
 
+Reduce-scatter (``reduce_scatter``, ``--diloco-reduce-scatter``; off by default): the round on
+``full`` as a reduce-scatter + all-gather, 2(N-1)/N model-sizes per peer instead of N-1
+(p2p/averaging/outer_scatter.py: slice ownership, failures, why not sparseloco).
+
 Round deadlines on ``full`` follow the link (issue 16): a round waits at most ``ROUND_SLACK``
 times the usual wait for all shares (an EWMA of the rounds that completed, so the bytes / the
 measured rate and the neighbours' skew; doubled after each round that timed out), between
@@ -136,6 +140,7 @@ from typing import Sequence
 import numpy as np
 
 from p2p.averaging.outer_copies import CopyWatch, sketch_positions
+from p2p.averaging.outer_scatter import OuterGather, OuterScatter, OuterSlice, hold
 from p2p.averaging.outer_schedule import MAX_PROPOSAL, InnerSchedule
 from p2p.averaging.outer_repair import RepairChunk, RepairDonor, RepairPuller, RepairRequest, propagate
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
@@ -168,6 +173,7 @@ class DiLoCoConfig:
     outer_momentum: float | None = None  # outer Nesterov momentum
     gossip_rounds: int = 1  # neighbour-averaging rounds of the pseudo-gradient per outer step (1 is exact on "full")
     overlap: bool = False  # the outer round runs beside the next H inner steps (module docstring, "Overlap"; gossip_rounds 1)
+    reduce_scatter: bool = False  # the outer round as reduce-scatter + all-gather (outer_scatter.py; gossip_rounds 1)
 
     def __post_init__(self) -> None:
         h = self.inner_steps
@@ -178,6 +184,8 @@ class DiLoCoConfig:
         if h == "auto" and self.gossip_rounds > 1:
             raise ValueError("inner_steps 'auto' needs gossip_rounds 1 (the full graph): peers agree on H from "
                              "the set a round averaged, which only an exact one-round average gives them all")
+        if self.reduce_scatter and self.gossip_rounds > 1:
+            raise ValueError("reduce_scatter needs gossip_rounds 1 (the full graph): every peer owns a slice of everyone's Delta")
         if self.outer_lr is not None and not 0 < self.outer_lr < math.inf:
             raise ValueError("outer_lr must be a finite number > 0")
         if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
@@ -243,7 +251,7 @@ class DiLoCo(AsynchronousHooks):
 
     name = "diloco"
     natural_topology = "full"
-    MESSAGES = (OuterShare, OuterShareQ, RepairRequest, RepairChunk)
+    MESSAGES = (OuterShare, OuterShareQ, OuterSlice, OuterGather, RepairRequest, RepairChunk)
     CODECS = CODECS
     Config = DiLoCoConfig
     default_round_timeout_s = 20.0  # its rounds move whole models once per H steps (12 MB at 20 Mbit/s: 5 s)
@@ -260,9 +268,17 @@ class DiLoCo(AsynchronousHooks):
         if feedback and self.options.gossip_rounds > 1:
             raise LocalProtocolError(f"diloco compresses with {config.compression!r} only with one gossip round "
                                      "per outer step (its error feedback covers our own Delta, not a mix)")
+        if feedback and self.options.reduce_scatter:
+            raise LocalProtocolError(f"diloco reduce-scatter takes the dense codecs, not {config.compression!r} (its "
+                                     "error feedback covers our own Delta, not an owner's average: outer_scatter.py)")
         self.port = port
         self._compressor = None if config.compression == "none" else compressor_from_config(config)
         self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0}
+        self._scatter = None  # the reduce-scatter round (outer_scatter.py): it compresses the slices
+        if self.options.reduce_scatter:
+            self._scatter = OuterScatter(config.compression, config.compression_block, port.numel, port.model_key,
+                                         self.stats)
+            self._compressor = None
         # Repairs (outer_repair.py): pulls started / completed / failed, outer steps taken while
         # one was in flight, bytes pulled and served, chunks that missed their deadline.
         for key in ("repairs_started", "repairs_completed", "repairs_failed", "repair_rounds", "repair_bytes",
@@ -379,7 +395,8 @@ class DiLoCo(AsynchronousHooks):
     def next_deadline(self) -> float:
         if self._outbox or ((self._puller.done is not None or self._watch.replay is not None) and not self._syncing):
             return -math.inf  # chunks to send, a pulled state to apply: tick does it now
-        return min(self._rounds.deadline, self._continue_at, self._puller.next_deadline())
+        scatter = math.inf if self._scatter is None else self._scatter.deadline
+        return min(self._rounds.deadline, self._continue_at, self._puller.next_deadline(), scatter)
 
     @property
     def outer_parameters(self) -> np.ndarray:
@@ -423,14 +440,22 @@ class DiLoCo(AsynchronousHooks):
 
     def _begin(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         self._continue_at = math.inf
-        start, delta, momentum = self._payload
+        start, delta, momentum = own = self._payload
+        plan = None
+        if self._scatter is not None:  # the rounds average our own slice with its contributions
+            if self.self_addr is None:
+                raise LocalProtocolError("diloco reduce-scatter needs the peer's address (Peer sets self_addr)")
+            r = self._rounds.next_round() if self._serving is None else self._serving
+            plan = self._scatter.plan_for(r, self.self_addr, neighbours)
+            self._rounds.discard(r, self._scatter.taken_elsewhere(r, plan))
+            own = (start, plan.part(delta, plan.index).copy(), momentum)
         if self._params_every_round:
             r = self._rounds.begin(now, neighbours, self._payload, round=self._serving)
         else:
             self._wait_for = frozenset(j for j in neighbours if j not in self._absent)
             if not self._wait_for:  # never stop waiting for everyone (we would race ahead alone)
                 self._wait_for, self._absent = frozenset(neighbours), set()
-            r = self._rounds.begin(now, neighbours, self._payload, round=self._serving,
+            r = self._rounds.begin(now, neighbours, own, round=self._serving,
                                    timeout_s=self._round_timeout(), wait_for=self._wait_for)
         self._began_at = now
         self._serving = None
@@ -440,6 +465,12 @@ class DiLoCo(AsynchronousHooks):
         self.stats["params_sent"] += len(self._sent_params)
         # the exchange as measured: the usual wait of our rounds (outer_schedule.py, "Measured")
         self._proposal = self._schedule.proposal(self._wait_ewma)
+        if plan is not None:
+            header = dict(round=r, step=self.port.step, degree=len(neighbours), model_key=self.port.model_key,
+                          sketch=self._sketch, mixed=self._watch.mixed_last, inner_steps=self._proposal)
+            sends = self._scatter.begin(r, plan, delta, header)
+            self._poll(now)
+            return sends
         sends = []
         for params, mom in ((_NO_PARAMS, _NO_PARAMS), (start, momentum)):
             to = [j for j in neighbours if (j in self._sent_params) == (params is start)]
@@ -458,7 +489,7 @@ class DiLoCo(AsynchronousHooks):
         return sends
 
     def _keep_delta(self, round: int, src: str | None, delta: np.ndarray) -> None:
-        if not self._params_every_round:  # replays are for the one-round outer steps of ``full``
+        if not self._params_every_round and self._scatter is None:  # replays: the all-to-all rounds of ``full``
             self._watch.keep_delta(round, self._rounds.round, src, delta)
 
     def _agree_schedule(self, r: int, mixed) -> None:
@@ -501,6 +532,8 @@ class DiLoCo(AsynchronousHooks):
                 (1 - WAIT_EWMA_ALPHA) * self._wait_ewma + WAIT_EWMA_ALPHA * wait)
 
     def _poll(self, now: float) -> None:
+        if self._scatter is not None and self._scatter.ready(now):
+            self._gathered(now)
         if not self._rounds.ready(now):
             return
         tau = self.config.staleness_tau if self.config.staleness_aware else None
@@ -508,7 +541,8 @@ class DiLoCo(AsynchronousHooks):
         mixed = self._rounds.finish(self.port.step, tau, now)
         if not self._params_every_round:
             self._observe_wait(mixed, now)
-            self._watch.note_average(r, mixed, tau is None)
+            if self._scatter is None:  # else when the slices are gathered
+                self._watch.note_average(r, mixed.payload[1], mixed, tau is None)
             self._agree_schedule(r, mixed)
         self._watch.round_finished(r, mixed.refused, self._sketch, self.port.step, decide=not self._params_every_round)
         self._payload = mixed.payload
@@ -516,21 +550,44 @@ class DiLoCo(AsynchronousHooks):
         if self._rounds.round % self.options.gossip_rounds or self._rounds.behind:
             # More gossip rounds in this outer step, or we fell behind the swarm's rounds (a
             # joiner): tick begins the next round (at the swarm's round number) right away.
+            if self._scatter is not None:  # with our whole Delta again, not the slice we averaged
+                self._payload = (self._payload[0], self._scatter.delta, self._payload[2])
             self._set_payload(*self._payload)
             self._continue_at = now
             return
+        if self._scatter is not None:  # phase 2: our averaged slice to all (outer_scatter.py)
+            included = (mixed.senders - mixed.refused) | {self.self_addr}
+            # An owner that began with us may wait for a missing contributor up to the longest
+            # round timeout: its averaged slice gets our usual one after that. After a round that
+            # missed a slice, only the usual one (a dead owner costs that long once).
+            timeout = self._round_timeout()
+            wait = timeout + max(0.0, self._began_at + self.config.round_timeout_s - now) * self._scatter.complete
+            self._outbox += self._scatter.gather(r, self._payload[1], included, now, wait)
+            self._poll(now)
+            return
         self._outer_step(now)
 
-    def _outer_step(self, now: float) -> None:
+    def _gathered(self, now: float) -> None:
+        """Phase 2 ended: the outer step with the gathered slices, a missing one held."""
+        r, delta, skipped, names = self._scatter.finish()
+        self._watch.note_average(r, delta, None, not self.config.staleness_aware, names)
+        start, _, momentum = self._payload
+        self._payload = (start, delta, momentum)
+        self._outer_step(now, skipped)
+
+    def _outer_step(self, now: float, skipped=()) -> None:
         opts = self.options
         start, delta, momentum = self._payload
         mu = np.float32(opts.outer_momentum)
         self._momentum = mu * momentum + delta
         new_start = start - np.float32(opts.outer_lr) * (delta + mu * self._momentum)
         if self._shipped is not None:  # overlap: keep the inner steps taken since the boundary
-            self.port.add_delta(self._shipped + (new_start - self._start))
+            move = self._shipped + (new_start - self._start)
         else:
-            self.port.add_delta(new_start - self.port.snapshot())
+            move = new_start - self.port.snapshot()
+        # a slice whose average never came: no outer step there, the model keeps its progress
+        hold(skipped, (self._momentum, momentum), (new_start, start), (move, 0.0))
+        self.port.add_delta(move)
         self._start, self._shipped = new_start, None
         self._syncing = False
         if self._blocked_since is not None:  # the trainer waited for this round at a gate
@@ -615,20 +672,32 @@ class DiLoCo(AsynchronousHooks):
         if isinstance(msg, RepairChunk):
             self._puller.receive(src, msg, now)
             return []
+        if isinstance(msg, (OuterSlice, OuterGather)) == (self._scatter is None):
+            raise RemoteProtocolError("unexpected", f"{type(msg).__name__}: this peer runs diloco "
+                                                    f"{'with' if self._scatter else 'without'} --diloco-reduce-scatter")
+        if isinstance(msg, OuterGather):
+            relays = self._scatter.gather_in(src, msg, self.self_addr)
+            if self._syncing and self._continue_at == math.inf:
+                self._poll(now)
+            return relays
         if isinstance(msg, OuterShare):
             check_params(msg.delta, msg.model_key, self.port)
             delta = msg.delta
         elif isinstance(msg, OuterShareQ):
             delta = decoded_params(msg, self.port)
+        elif isinstance(msg, OuterSlice):
+            delta = self._scatter.slice_in(src, msg, self.self_addr, neighbours)
+            if delta is None:  # sent under another view of the membership (counted)
+                return []
         else:
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a DiLoCo message")
-        params, momentum = _received_state(msg, self.port)
+        params, momentum = (None, None) if isinstance(msg, OuterSlice) else _received_state(msg, self.port)
         _check_sketch(msg.sketch, self._positions)
         if len(msg.mixed) > MAX_MIXED or not all(isinstance(s, str) for s in msg.mixed):
             raise RemoteProtocolError("bad_value", f"mixed: {len(msg.mixed)} entries, want at most {MAX_MIXED} addresses")
         if not 0 <= msg.inner_steps <= MAX_PROPOSAL:  # a large one is only clamped (outer_schedule.py)
             raise RemoteProtocolError("bad_value", f"inner_steps {msg.inner_steps}, want 0..{MAX_PROPOSAL}")
-        if params is None:  # off the receive buffer: kept past this call (a compressed one was decoded)
+        if params is None and not isinstance(msg, OuterSlice):  # off the receive buffer: kept past this call
             self._keep_delta(msg.round, src, delta.copy() if isinstance(msg, OuterShare) else delta)
         if msg.round >= self._rounds.round - 1:
             self._absent.discard(src)  # in step with us again (a late share by one round: a straggler)

@@ -102,14 +102,17 @@ class CopyWatch:
             return
         self._deltas.setdefault(round, {})[src] = delta
 
-    def note_average(self, r: int, mixed, exact: bool) -> None:
-        """Round ``r``'s average, and whose Deltas it took. Not replayable when a Delta was
-        down-weighted by staleness: () says "unknown". A clipped one is replayable: the
-        clipping is a function of the set (robust.py, "One answer for one set")."""
+    def note_average(self, r: int, average: np.ndarray, mixed, exact: bool, names: Optional[tuple] = None) -> None:
+        """Round ``r``'s average, and whose Deltas it took (``mixed``, or ``names`` as given: a
+        reduce-scatter round's per-slice owners and sets, outer_scatter.py). Not replayable when
+        a Delta was down-weighted by staleness: () says "unknown". A clipped one is replayable:
+        the clipping is a function of the set (robust.py, "One answer for one set")."""
         self._averaged = {k: v for k, v in self._averaged.items() if k >= r - 1}
-        self._averaged[r] = mixed.payload[1]
-        used = (mixed.senders - mixed.refused) | {self.self_addr}
-        self.mixed_last = tuple(sorted(used)) if exact and self.self_addr is not None else ()
+        self._averaged[r] = average
+        if not exact or self.self_addr is None:
+            self.mixed_last = ()
+        else:
+            self.mixed_last = names or tuple(sorted((mixed.senders - mixed.refused) | {self.self_addr}))
         self._mixed_at = {k: v for k, v in self._mixed_at.items() if k >= r - 2}
         self._mixed_at[r] = self.mixed_last
 

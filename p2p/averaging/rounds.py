@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -155,6 +155,13 @@ class NeighbourRounds:
             raise AssertionError("resume_at() while a round is in flight")
         self.round = max(self.round, round)
         self._inbox = {k: v for k, v in self._inbox.items() if k >= self.round}
+
+    def discard(self, round: int, unwanted: Callable[[str], bool]) -> None:
+        """Drop the vectors buffered for ``round`` from the senders ``unwanted`` names (DiLoCo's
+        reduce-scatter: slices cut for another member set than the round's, outer_scatter.py)."""
+        box = self._inbox.get(round, {})
+        for src in [s for s in box if unwanted(s)]:
+            del box[src]
 
     def begin(self, now: float, neighbours: Sequence[str], payload: tuple[np.ndarray, ...],
               round: Optional[int] = None, timeout_s: Optional[float] = None,

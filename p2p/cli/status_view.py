@@ -19,7 +19,7 @@ def render_status(info: dict, console: Console | None = None) -> None:
     consensus = info.get("consensus")
     if consensus is not None:
         console.print(f"consensus estimate {consensus:.3g} (relative distance to partners' models)")
-    for line in (_robust_line(info), _inner_steps_line(info), _repair_line(info)):
+    for line in (_robust_line(info), _inner_steps_line(info), _scatter_line(info), _repair_line(info)):
         if line:
             console.print(line)
     line = _sync_line(info.get("sync") or {})
@@ -63,6 +63,16 @@ def inner_steps_summary(avg: dict) -> str:
 def _inner_steps_line(info: dict) -> str:
     line = inner_steps_summary(info.get("averaging") or {})
     return f"diloco {line} inner steps per outer step" if line else ""
+
+
+def _scatter_line(info: dict) -> str:
+    """DiLoCo's reduce-scatter rounds (p2p/averaging/outer_scatter.py), when on."""
+    avg = info.get("averaging") or {}
+    if "scatter_rounds" not in avg:
+        return ""
+    return (f"diloco reduce-scatter: {avg['scatter_rounds']} rounds, {avg['scatter_slices_skipped']} slices skipped "
+            f"(owner missing), {avg['scatter_contributors_missing']} contributions missing, "
+            f"{avg['scatter_view_mismatch']} from another membership view")
 
 
 def _repair_line(info: dict) -> str:
