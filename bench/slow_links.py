@@ -98,6 +98,11 @@ P2P_CONFIGS: dict[str, list[str]] = {
     "p2p-diloco-int4-h25-overlap": ["--algorithm", "diloco", "--compression", "int4", "--diloco-inner-steps", "25",
                                     "--diloco-outer-lr", "0.5", "--diloco-outer-momentum", "0.8", "--diloco-overlap"],
     # the same with the outer round beside the next 25 inner steps (Streaming DiLoCo's overlap)
+    "p2p-diloco-int4-h25-rs": ["--algorithm", "diloco", "--compression", "int4", "--diloco-inner-steps", "25",
+                               "--diloco-outer-lr", "0.5", "--diloco-outer-momentum", "0.8", "--topology", "full",
+                               "--diloco-reduce-scatter"],
+    # the same round as a reduce-scatter + all-gather (p2p/averaging/outer_scatter.py): 2(N-1)/N
+    # model-sizes per peer instead of N-1
     "p2p-diloco-sparse-h25": ["--algorithm", "diloco", "--compression", "sparseloco", "--diloco-inner-steps", "25",
                               "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0"],
     # SparseLoCo's round (arXiv:2508.15706): top 2% of each chunk at 2 bits with error feedback,
