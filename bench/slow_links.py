@@ -52,7 +52,7 @@ one run only: the machine is shared, so compare within a run, never across runs.
 
     python bench/slow_links.py [--rates unlimited,1000mbit,100mbit,20mbit] [--peers 4]
         [--task tinylm] [--steps N] [--methods p2p-diloco-sparse-h25,ddp,compute_only] [--max-time 600]
-        [--ddp-rates unlimited]
+        [--only-at ddp:unlimited,torch-localsgd-h25:unlimited/100mbit]
         [--json] [--quick]        (--methods p2p: every P2P_CONFIGS entry; the full default run: ~75 min)
 
 Writes bench/out/slow_links.md, bench/out/slow_links.png and bench/out/slow_links.json (the
@@ -160,7 +160,7 @@ def plan_methods(methods: list[str]) -> list[tuple[str, Optional[list[str]]]]:
 
 
 def run_all(rates: list[str], plan: list[tuple[str, Optional[list[str]]]], s: Settings, prefix: str,
-            subnet: str, out: Path, ddp_rates: Optional[set[str]] = None) -> dict[str, dict[str, Result]]:
+            subnet: str, out: Path, only_at: Optional[dict[str, set[str]]] = None) -> dict[str, dict[str, Result]]:
     results: dict[str, dict[str, Result]] = {}
     compute_only: Optional[Result] = None
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -172,8 +172,8 @@ def run_all(rates: list[str], plan: list[tuple[str, Optional[list[str]]]], s: Se
                 if name == "compute_only" and compute_only is not None:
                     results[label][name] = Result(**{**asdict(compute_only), "rate": label})
                     continue
-                if name == "ddp" and ddp_rates is not None and label not in ddp_rates:
-                    continue  # --ddp-rates: its steps to a target are the same at any rate (x ideal)
+                if only_at and name in only_at and label not in only_at[name]:
+                    continue  # --only-at (DDP's steps to a target are the same at any rate: x ideal)
                 log_dir = out / "logs" / stamp / label / name
                 log(f"{label}: {name} ({s.peers} peers, {s.steps} steps, task {s.task}) ...")
                 r = run_p2p(lab, name, extra, s, log_dir) if extra is not None else run_workers(lab, name, s, log_dir)
@@ -197,10 +197,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="per peer (default: per task)")
     ap.add_argument("--methods", default="p2p-diloco-sparse-h25,ddp,compute_only",  # our best; "p2p": every config
                     help="comma-separated: p2p (every P2P_CONFIGS entry), a P2P_CONFIGS name, ddp, compute_only, torch-localsgd-hN (PyTorch post-local SGD, average every N steps)")
-    ap.add_argument("--ddp-rates", default=None,
-                    help="comma-separated rates at which ddp runs (default: every rate). DDP's steps to a "
-                         "target do not depend on the link, so `--ddp-rates unlimited` gives the ideal bound "
-                         "without DDP's hours at 20 Mbit/s (no x DDP column at the other rates)")
+    ap.add_argument("--only-at", default=None, metavar="METHOD:RATE[/RATE],...",
+                    help="run these methods only at these rates (default: every method at every rate). "
+                         "DDP's steps to a target do not depend on the link, so `--only-at ddp:unlimited` gives "
+                         "the ideal bound without DDP's hours at 20 Mbit/s (no x DDP column at the other rates)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=float, default=None, help="seconds between evaluations")
     ap.add_argument("--poll", type=float, default=0.5, help="p2p nodes' --log-every, seconds")
@@ -232,13 +232,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(f"--methods: {exc}")
     if not plan:
         ap.error("--methods: nothing to run")
-    ddp_rates = None
-    if args.ddp_rates is not None:
-        labels = {("unlimited" if parse_rate(r) is None else r) for r in rates}
-        ddp_rates = {("unlimited" if parse_rate(r.strip()) is None else r.strip())
-                     for r in args.ddp_rates.split(",") if r.strip()}
-        if not ddp_rates <= labels:
-            ap.error(f"--ddp-rates: {', '.join(sorted(ddp_rates - labels))} not in --rates")
+    only_at: dict[str, set[str]] = {}
+    labels = {("unlimited" if parse_rate(r) is None else r) for r in rates}
+    for item in (args.only_at or "").split(","):
+        if not item.strip():
+            continue
+        method, _, at = item.strip().partition(":")
+        try:
+            chosen = {("unlimited" if parse_rate(r) is None else r) for r in at.split("/") if r}
+        except LabError as exc:
+            ap.error(f"--only-at {item!r}: {exc}")
+        if method not in {name for name, _ in plan} or not chosen:
+            ap.error(f"--only-at {item!r}: use METHOD:RATE[/RATE] with a method of --methods")
+        if not chosen <= labels:
+            ap.error(f"--only-at {item!r}: {', '.join(sorted(chosen - labels))} not in --rates")
+        only_at[method] = chosen
     default_steps = DEFAULT_STEPS.get(task_name, int(getattr(task, "bench_steps", 1000)))
     steps = args.steps or (2000 if args.quick else default_steps)
     eval_every = args.eval_every or (1.0 if args.quick else DEFAULT_EVAL_EVERY.get(task_name, 2.0))
@@ -253,7 +261,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     try:
-        results = run_all(rates, plan, s, args.prefix, args.subnet, out, ddp_rates)
+        results = run_all(rates, plan, s, args.prefix, args.subnet, out, only_at)
     except LabError as exc:
         print(f"slow_links: {exc}", file=sys.stderr)
         return 1

@@ -139,7 +139,8 @@ def test_progress_lines_of_a_node_are_parsed_as_they_grow(tmp_path):
 @pytest.mark.parametrize("args, words", [(["--rates", "fast"], "rate 'fast'"),
                                          (["--methods", "allreduce"], "unknown method"),
                                          (["--task", "nope"], "unknown task"),
-                                         (["--rates", "20mbit", "--ddp-rates", "unlimited"], "not in --rates")])
+                                         (["--rates", "20mbit", "--only-at", "ddp:unlimited"], "not in --rates"),
+                                         (["--rates", "20mbit", "--only-at", "gloo:20mbit"], "a method of --methods")])
 def test_the_benchmark_refuses_bad_arguments_in_one_line(args, words, capsys):
     with pytest.raises(SystemExit) as exc:
         slow_links.main(args)
