@@ -46,6 +46,7 @@ import numpy as np
 
 from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, NoOptions, check_params
 from p2p.averaging.robust import RobustMixing
+from p2p.averaging.round_deadline import RoundDeadline, round_wait_cap
 from p2p.averaging.rounds import NeighbourRounds, ServesRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -79,7 +80,9 @@ class Dpsgd(ServesRounds, AsynchronousHooks):
         self.disagreement = Disagreement()
         self.robust = RobustMixing(config.robust_mixing, self.stats)
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement,
-                                       robust=self.robust, channels=("params",))
+                                       robust=self.robust, channels=("params",),
+                                       link_deadline=RoundDeadline(config.round_timeout_s, round_wait_cap(config),
+                                                                   self.stats))
         self.stats.setdefault("rounds_served", 0)
 
     def _poll(self, now: float) -> None:
@@ -108,7 +111,7 @@ class Dpsgd(ServesRounds, AsynchronousHooks):
         if not isinstance(msg, DpsgdParams):
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a D-PSGD message")
         check_params(msg.params, msg.model_key, self.port)
-        self._rounds.offer(src, msg.round, msg.degree, msg.step, (msg.params,))
+        self._rounds.offer(src, msg.round, msg.degree, msg.step, (msg.params,), now)
         self._poll(now)
         return []
 

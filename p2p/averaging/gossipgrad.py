@@ -45,6 +45,7 @@ import numpy as np
 
 from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params
 from p2p.averaging.robust import RobustMixing
+from p2p.averaging.round_deadline import RoundDeadline, round_wait_cap
 from p2p.averaging.rounds import NeighbourRounds, ServesRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -119,7 +120,9 @@ class GossipGraD(ServesRounds, AsynchronousHooks):
         self.disagreement = Disagreement()  # from the rounds that carry models (payload index 1)
         self.robust = RobustMixing(config.robust_mixing, self.stats)
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement, model_index=1,
-                                       robust=self.robust, channels=("grad", "params"))
+                                       robust=self.robust, channels=("grad", "params"),
+                                       link_deadline=RoundDeadline(config.round_timeout_s, round_wait_cap(config),
+                                                                   self.stats))
         self._with_model = False
 
     def _poll(self, now: float) -> None:
@@ -165,7 +168,7 @@ class GossipGraD(ServesRounds, AsynchronousHooks):
             payload = (msg.grad, msg.params)
         else:
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a GossipGraD message")
-        self._rounds.offer(src, msg.round, msg.degree, msg.step, payload)
+        self._rounds.offer(src, msg.round, msg.degree, msg.step, payload, now)
         self._poll(now)
         return []
 
