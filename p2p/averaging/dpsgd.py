@@ -13,8 +13,9 @@ neighbour, then adds sum_j W_ij (s_j - s_i) before step k + 1.
 Hooks (step k):
 - ``after_step(k)``: begin round r with s_i; send DpsgdParams(r, degree, s_i) to the neighbours.
 - ``may_step(k + 1)``: False while round r waits for its neighbours. It turns True once
-  ``len(neighbours)`` round-r vectors arrived (``receive``) or ``round_timeout_s`` passed
-  (``tick``); the delta is then queued with ``port.add_delta``. No neighbours: True at once.
+  ``len(neighbours)`` round-r vectors arrived (``receive``) or the round deadline passed
+  (``tick``: ``round_timeout_s``, longer on a link measured too slow for it,
+  p2p/averaging/round_deadline.py); the delta is then queued with ``port.add_delta``. No neighbours: True at once.
 - ``on_gradient`` / ``gradient_ready``: not used ([] / True).
 
 THIS ALGORITHM WAITS FOR STRAGGLERS: every peer waits for its neighbours each step, so the whole

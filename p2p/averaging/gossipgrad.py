@@ -12,8 +12,9 @@ Hooks (step k, gradient round r):
   partner(s) (the topology's neighbours at ``topology_round()``). One round in
   ``GossipGraDConfig.model_every`` (``model_round``) the message is a GradientModelShare that
   carries the parameters too (see below).
-- ``gradient_ready(k)``: False until the partner's round-r message arrived or
-  ``round_timeout_s`` passed; then ``port.set_gradient`` with the Metropolis-Hastings mix
+- ``gradient_ready(k)``: False until the partner's round-r message arrived or the round
+  deadline passed (``round_timeout_s``, longer on a link measured too slow for the round's bytes:
+  p2p/averaging/round_deadline.py); then ``port.set_gradient`` with the Metropolis-Hastings mix
   ((g_i + g_j) / 2 for one partner) or, on timeout with nothing, the own gradient is kept.
   On model rounds the parameter mix is queued too (``add_delta``). No partner this round (n
   not a power of two): True at once.

@@ -13,6 +13,11 @@ on v_i, so the row stays stochastic (the swarm mean drifts by that one asymmetri
 from more senders than we have neighbours (membership views that disagree) are scaled down so
 that v_i keeps at least 1/(1 + d_i), as in any Metropolis-Hastings row: the mix stays convex.
 
+Round deadline: ``begin``'s ``timeout_s`` when given (DiLoCo sizes its own); else, with a
+``link_deadline`` (D-PSGD, GossipGraD), one that follows the bytes of the round and the measured
+link, never below the configured ``timeout_s`` (p2p/averaging/round_deadline.py); else
+``timeout_s``. A round that times out only waits longer next time: it never sends more.
+
 States: idle (between rounds) and waiting (round r begun, ``deadline`` set). Vectors for later
 rounds are buffered (at most ``MAX_BUFFERED_ROUNDS`` rounds, one vector per sender per round);
 vectors for rounds already finished are late: counted and dropped, never mixed.
