@@ -15,10 +15,16 @@ So the deadline follows the link, as AD-PSGD's exchange timeout does (p2p/bandwi
   more, GossipGraD's parameter rounds, waits longer), never below ``round_timeout_s`` (the old
   constant: fast links and unmeasured neighbours behave as before) nor above the cap
   (``round_wait_cap``: AD-PSGD's, ``max_interval_s``).
-- **Timeouts are measurements.** A neighbour missing at the deadline took at least that long:
-  it is observed as such, so the rate estimate falls and the next deadline grows (towards the
-  cap) instead of timing out forever. The deadline only decides how long to wait; what a round
-  sends is the caller's payload, the same whatever the last round did.
+- **Timeouts are measurements.** A round that timed out with no neighbour's vector at all took
+  at least that long with each of them: they are observed as such, so the rate estimates fall
+  and the next deadline grows (towards the cap) instead of timing out forever. When some
+  neighbours' vectors came and others' did not, the link carried what it had to: the missing
+  ones are stragglers or gone, and the round drops them at the deadline as before (waiting
+  longer would run the swarm at a straggler's pace, or stall it on a crashed peer until
+  membership notices). Arrival times alone cannot tell a neighbour's compute lag from its link:
+  with a single neighbour (GossipGraD's partner) a straggler too raises the deadline, up to the
+  cap. The deadline only decides how long to wait; what a round sends is the caller's payload,
+  the same whatever the last round did.
 
 Pure: fed ``now`` by the round engine (p2p/averaging/rounds.py), never reads a clock.
 """
@@ -68,13 +74,13 @@ class RoundDeadline:
 
     def finished(self, now: float, senders: Iterable[str], timed_out: bool) -> None:
         """The round ended: learn the link from the vectors that arrived during it and, when it
-        timed out, from the neighbours still missing (they took at least this long)."""
-        got = set(senders)
+        timed out with nothing at all, from every neighbour (they took at least this long)."""
+        starved = timed_out and not set(senders)
         for j, nbytes in self._bytes.items():
             at = self._arrived.get(j)
             if at is not None:
                 self.monitor.observe(j, nbytes, at - self._began)  # (0 s: no information, ignored)
-            elif timed_out and j not in got:
+            elif starved:
                 self.monitor.observe(j, nbytes, now - self._began)
         if len(self.monitor.links) > MAX_LINKS:
             self.monitor.forget(list(self._bytes))
