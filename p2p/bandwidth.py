@@ -51,6 +51,20 @@ def ewma(old: Optional[float], new: float, alpha: float) -> float:
     return new if old is None else (1 - alpha) * old + alpha * new
 
 
+TIMEOUT_FACTOR = 4.0  # a transfer waits this many times its measured duration (``link_timeout``)
+
+
+def link_timeout(expected_s: Optional[float], floor_s: float, cap_s: float) -> float:
+    """How long to wait for a transfer expected to take ``expected_s`` (None: not measured yet):
+    ``TIMEOUT_FACTOR`` times that, never below the configured ``floor_s`` nor above ``cap_s``.
+    Shared by AD-PSGD's exchanges and the synchronous rounds (p2p/averaging/round_deadline.py),
+    which both count a timed-out transfer as one that took at least its timeout, so a link too
+    slow for the floor raises the next timeout instead of timing out forever."""
+    if expected_s is None:
+        return floor_s
+    return min(max(floor_s, TIMEOUT_FACTOR * expected_s), max(floor_s, cap_s))
+
+
 def required_interval(exchange_s: float, fraction: float) -> float:
     """The pause after an exchange of ``exchange_s`` that keeps the busy share <= fraction."""
     return exchange_s * (1 - fraction) / fraction

@@ -241,7 +241,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("exchange_timeout", "averaging", "exchange_timeout_s", lambda v: float(_number(v)),
             "Seconds before an unanswered exchange is dropped."),
     Setting("round_timeout", "averaging", "round_timeout_s", lambda v: float(_number(v)),
-            "Synchronous algorithms stop waiting for a missing neighbour after this (default: 5 s; diloco 20 s, its rounds move whole models)."),
+            "Synchronous algorithms stop waiting for a missing neighbour after this (default: 5 s; diloco 20 s, its rounds move whole models); "
+            "dpsgd and gossipgrad wait longer, up to --max-interval, on a link measured too slow for their rounds' bytes."),
     Setting("staleness_aware", "averaging", "staleness_aware", _flag, "Down-weight partners whose models are many steps behind."),
     Setting("staleness_tau", "averaging", "staleness_tau", lambda v: float(_number(v)),
             "Steps of staleness that halve a partner's weight (with --staleness-aware)."),
@@ -256,7 +257,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("comm_fraction", "averaging", "comm_fraction", lambda v: float(_number(v, high=1, high_ok=True)),
             "Bandwidth awareness: keep exchanges under this share of wall time."),
     Setting("max_interval", "averaging", "max_interval_s", lambda v: float(_number(v)),
-            "Bandwidth awareness: never pause longer than this between exchanges (default: 30 s)."),
+            "Bandwidth awareness: never pause longer than this between exchanges, nor wait longer for a dpsgd or gossipgrad round (default: 30 s)."),
     Setting("diloco_inner_steps", "diloco", "inner_steps", _inner_steps,
             "DiLoCo: local steps between outer synchronisations, or auto: the fewest whose exchange fits in their compute."),
     Setting("diloco_outer_lr", "diloco", "outer_lr", lambda v: float(_number(v)),

@@ -21,7 +21,7 @@ that is the usual case, and dropping it would leave every such exchange one-side
 
 Timeouts follow the link: ``exchange_timeout_s`` is the least; once exchanges with a partner
 have been measured, an exchange waits up to ``TIMEOUT_FACTOR`` times their expected duration
-(capped at ``max_interval_s``). A timeout counts as an exchange that took at least that long,
+(capped at ``max_interval_s``; p2p/bandwidth.py ``link_timeout``). A timeout counts as an exchange that took at least that long,
 so the pause stretches after it: without that, a link too slow for the fixed timeout (8.7 MB
 each way at 100 Mbit/s under contention) never completes an exchange, never gets measured, and
 starts a new model-sized transfer after every timeout.
@@ -67,7 +67,7 @@ import numpy as np
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, NoOptions,
                                check_params, decoded_params, staleness_weight)
 from p2p.averaging.robust import REFUSED, RobustMixing
-from p2p.bandwidth import BandwidthConfig, BandwidthMonitor
+from p2p.bandwidth import BandwidthConfig, BandwidthMonitor, link_timeout
 from p2p.compression import Compressor, decompress, make_compressor
 from p2p.compression.messages import CompressedFields, compressed_fields
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
@@ -76,7 +76,6 @@ from p2p.wire import message
 # Codecs whose decoded values can be averaged directly (dense, unbiased up to rounding).
 PARAMETER_CODECS = ("none", "fp16", "bf16", "int8")
 AUTO_LADDER = ("none", "fp16", "int8")
-TIMEOUT_FACTOR = 4.0  # an exchange waits this many times its measured duration (module docstring)
 
 
 @message(20)
@@ -271,11 +270,8 @@ class PairwiseGossip(AsynchronousHooks):
 
     def _timeout(self, partner: str) -> float:
         """How long an exchange with ``partner`` may take (module docstring: timeouts follow the link)."""
-        expected = self.monitor.expected_exchange_s([partner])
-        if expected is None:
-            return self.config.exchange_timeout_s
-        cap = max(self.config.exchange_timeout_s, self.config.max_interval_s)
-        return min(max(self.config.exchange_timeout_s, TIMEOUT_FACTOR * expected), cap)
+        return link_timeout(self.monitor.expected_exchange_s([partner]), self.config.exchange_timeout_s,
+                            self.config.max_interval_s)
 
     def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         flight = self._in_flight

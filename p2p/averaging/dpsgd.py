@@ -13,8 +13,9 @@ neighbour, then adds sum_j W_ij (s_j - s_i) before step k + 1.
 Hooks (step k):
 - ``after_step(k)``: begin round r with s_i; send DpsgdParams(r, degree, s_i) to the neighbours.
 - ``may_step(k + 1)``: False while round r waits for its neighbours. It turns True once
-  ``len(neighbours)`` round-r vectors arrived (``receive``) or ``round_timeout_s`` passed
-  (``tick``); the delta is then queued with ``port.add_delta``. No neighbours: True at once.
+  ``len(neighbours)`` round-r vectors arrived (``receive``) or the round deadline passed
+  (``tick``: ``round_timeout_s``, longer on a link measured too slow for it,
+  p2p/averaging/round_deadline.py); the delta is then queued with ``port.add_delta``. No neighbours: True at once.
 - ``on_gradient`` / ``gradient_ready``: not used ([] / True).
 
 THIS ALGORITHM WAITS FOR STRAGGLERS: every peer waits for its neighbours each step, so the whole
@@ -46,6 +47,7 @@ import numpy as np
 
 from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, NoOptions, check_params
 from p2p.averaging.robust import RobustMixing
+from p2p.averaging.round_deadline import RoundDeadline, round_wait_cap
 from p2p.averaging.rounds import NeighbourRounds, ServesRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -79,7 +81,9 @@ class Dpsgd(ServesRounds, AsynchronousHooks):
         self.disagreement = Disagreement()
         self.robust = RobustMixing(config.robust_mixing, self.stats)
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement,
-                                       robust=self.robust, channels=("params",))
+                                       robust=self.robust, channels=("params",),
+                                       link_deadline=RoundDeadline(config.round_timeout_s, round_wait_cap(config),
+                                                                   self.stats))
         self.stats.setdefault("rounds_served", 0)
 
     def _poll(self, now: float) -> None:
@@ -108,7 +112,7 @@ class Dpsgd(ServesRounds, AsynchronousHooks):
         if not isinstance(msg, DpsgdParams):
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a D-PSGD message")
         check_params(msg.params, msg.model_key, self.port)
-        self._rounds.offer(src, msg.round, msg.degree, msg.step, (msg.params,))
+        self._rounds.offer(src, msg.round, msg.degree, msg.step, (msg.params,), now)
         self._poll(now)
         return []
 

@@ -12,8 +12,9 @@ Hooks (step k, gradient round r):
   partner(s) (the topology's neighbours at ``topology_round()``). One round in
   ``GossipGraDConfig.model_every`` (``model_round``) the message is a GradientModelShare that
   carries the parameters too (see below).
-- ``gradient_ready(k)``: False until the partner's round-r message arrived or
-  ``round_timeout_s`` passed; then ``port.set_gradient`` with the Metropolis-Hastings mix
+- ``gradient_ready(k)``: False until the partner's round-r message arrived or the round
+  deadline passed (``round_timeout_s``, longer on a link measured too slow for the round's bytes:
+  p2p/averaging/round_deadline.py); then ``port.set_gradient`` with the Metropolis-Hastings mix
   ((g_i + g_j) / 2 for one partner) or, on timeout with nothing, the own gradient is kept.
   On model rounds the parameter mix is queued too (``add_delta``). No partner this round (n
   not a power of two): True at once.
@@ -45,6 +46,7 @@ import numpy as np
 
 from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params
 from p2p.averaging.robust import RobustMixing
+from p2p.averaging.round_deadline import RoundDeadline, round_wait_cap
 from p2p.averaging.rounds import NeighbourRounds, ServesRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -119,7 +121,9 @@ class GossipGraD(ServesRounds, AsynchronousHooks):
         self.disagreement = Disagreement()  # from the rounds that carry models (payload index 1)
         self.robust = RobustMixing(config.robust_mixing, self.stats)
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement, model_index=1,
-                                       robust=self.robust, channels=("grad", "params"))
+                                       robust=self.robust, channels=("grad", "params"),
+                                       link_deadline=RoundDeadline(config.round_timeout_s, round_wait_cap(config),
+                                                                   self.stats))
         self._with_model = False
 
     def _poll(self, now: float) -> None:
@@ -165,7 +169,7 @@ class GossipGraD(ServesRounds, AsynchronousHooks):
             payload = (msg.grad, msg.params)
         else:
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a GossipGraD message")
-        self._rounds.offer(src, msg.round, msg.degree, msg.step, payload)
+        self._rounds.offer(src, msg.round, msg.degree, msg.step, payload, now)
         self._poll(now)
         return []
 

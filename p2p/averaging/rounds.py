@@ -13,6 +13,11 @@ on v_i, so the row stays stochastic (the swarm mean drifts by that one asymmetri
 from more senders than we have neighbours (membership views that disagree) are scaled down so
 that v_i keeps at least 1/(1 + d_i), as in any Metropolis-Hastings row: the mix stays convex.
 
+Round deadline: ``begin``'s ``timeout_s`` when given (DiLoCo sizes its own); else, with a
+``link_deadline`` (D-PSGD, GossipGraD), one that follows the bytes of the round and the measured
+link, never below the configured ``timeout_s`` (p2p/averaging/round_deadline.py); else
+``timeout_s``. A round that times out only waits longer next time: it never sends more.
+
 States: idle (between rounds) and waiting (round r begun, ``deadline`` set). Vectors for later
 rounds are buffered (at most ``MAX_BUFFERED_ROUNDS`` rounds, one vector per sender per round);
 vectors for rounds already finished are late: counted and dropped, never mixed.
@@ -57,6 +62,7 @@ import numpy as np
 
 from p2p.averaging.base import Disagreement, state_int, staleness_weight
 from p2p.averaging.robust import REFUSED, RobustMixing, clipped_mean
+from p2p.averaging.round_deadline import RoundDeadline
 from p2p.protocol import RemoteProtocolError
 
 INF = float("inf")
@@ -91,8 +97,11 @@ class NeighbourRounds:
     def __init__(self, timeout_s: float, stats: dict[str, int], prefix: str = "",
                  disagreement: Optional[Disagreement] = None, model_index: int = 0,
                  robust: Optional[RobustMixing] = None, channels: tuple[str, ...] = (),
-                 uniform: bool = False) -> None:
+                 uniform: bool = False, link_deadline: Optional[RoundDeadline] = None) -> None:
         self.timeout_s = timeout_s
+        # The deadline of a round begun without an explicit ``timeout_s``: from the link
+        # (round_deadline.py), or the constant ``timeout_s`` without one.
+        self.link_deadline = link_deadline
         # Mix the plain average of ours and the vectors that arrived, instead of Metropolis-
         # Hastings weights: on a full graph in one round (DiLoCo's all-reduce) every peer that
         # got the same vectors then holds the same average even when some neighbour's vector
@@ -184,7 +193,12 @@ class NeighbourRounds:
         if r >= self._nudge:
             self._nudge = -1
         self.waiting, self._behind = True, False
-        self.deadline = now + (self.timeout_s if timeout_s is None else timeout_s)
+        if timeout_s is None:
+            timeout_s = self.timeout_s
+            if self.link_deadline is not None:
+                nbytes = sum(int(a.nbytes) for a in payload if a is not None)
+                timeout_s = self.link_deadline.begin(now, neighbours, nbytes)
+        self.deadline = now + timeout_s
         self._expected = self._degree = len(neighbours)
         self._wait_for = None
         if wait_for is not None:
@@ -195,8 +209,9 @@ class NeighbourRounds:
         return r
 
     def offer(self, src: str, round: int, degree: int, step: int,
-              payload: tuple[Optional[np.ndarray], ...]) -> bool:
-        """Buffer a neighbour's round vector (tensors already checked). False if dropped."""
+              payload: tuple[Optional[np.ndarray], ...], now: Optional[float] = None) -> bool:
+        """Buffer a neighbour's round vector (tensors already checked). False if dropped.
+        ``now``: when it arrived (the link deadline learns from vectors of the round in flight)."""
         if round < 0 or not 0 <= degree <= MAX_DEGREE:
             raise RemoteProtocolError("bad_value", f"round {round}, degree {degree}")
         if round < self.round:
@@ -223,6 +238,8 @@ class NeighbourRounds:
             self._count("overflow")
             return False
         box[src] = Entry(degree, step, payload)
+        if self.link_deadline is not None and now is not None and self.waiting and round == self.round:
+            self.link_deadline.arrived(src, now)
         if round >= self.round + LEAD:
             self._behind = True  # stop waiting for a round nobody will finish; jump at begin
         return True
@@ -246,6 +263,8 @@ class NeighbourRounds:
         if not self.waiting:
             raise AssertionError("finish() with no round in flight")
         box = self._inbox.pop(self.round, {})
+        if self.link_deadline is not None:
+            self.link_deadline.finished(now, box, timed_out=now >= self.deadline and not self._behind)
         own = self._own
         if self.uniform and self.robust is not None and self.robust.enabled and staleness_tau is None:
             mixed, refused, entries = self._mix_consistent(box, own, now)

@@ -164,7 +164,9 @@ class Node:
                 "robust_exclusions": avg.get("robust_exclusions", 0),
                 "repairs": avg.get("repairs_completed"), "repairs_started": avg.get("repairs_started"),
                 "repair_rounds": avg.get("repair_rounds"),
-                "repair_bytes": avg.get("repair_bytes"), "inner_steps": avg.get("inner_steps")})
+                "repair_bytes": avg.get("repair_bytes"), "inner_steps": avg.get("inner_steps"),
+                "rounds_partial": avg.get("rounds_partial"), "late": avg.get("late"),
+                "round_deadline_ms": avg.get("round_deadline_ms")})
         return (f"{'done' if final else s['phase']:9s} step {s['step']:6d}  loss {s['loss']:.4f}  "
                 f"acc {s['accuracy']:.4f}  {s['steps_per_s']:6.1f} step/s  "
                 f"neighbours {len(s.get('neighbours', ()))}  exchanges {avg.get('exchanges_completed', 0)}"
@@ -172,6 +174,9 @@ class Node:
                 f"recv {s.get('bytes_received', 0) / 1e6:.1f} MB  codec {bw.get('codec', '-')}  "
                 f"pause {bw.get('interval_s', math.nan):.2f}s  rejected {sum(s.get('rejected', {}).values())}"
                 + (f"  refused {avg['robust_refused']}" if avg.get("robust_refused") else "")
+                # synchronous rounds (rounds.py): how many ended short, vectors that came too late
+                + (f"  partial {avg['rounds_partial']}  late {avg.get('late', 0)}" if "rounds_partial" in avg else "")
+                + (f"  deadline {avg['round_deadline_ms'] / 1e3:.1f}s" if "round_deadline_ms" in avg else "")
                 + (f"  H {avg['inner_steps']}{' auto' if avg.get('inner_steps_auto') else ''}"
                    if "inner_steps" in avg else "")
                 + (f"  repairs {avg['repairs_completed']}/{avg['repairs_started']} in {avg['repair_rounds']} rounds "

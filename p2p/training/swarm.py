@@ -51,6 +51,7 @@ import torch
 
 from p2p.averaging.hostile import Hostile
 from p2p.averaging.registry import make_averager
+from p2p.averaging.round_deadline import round_wait_cap
 from p2p.config import SettingError, SwarmConfig, swarm_config
 from p2p.events import event
 from p2p.gossip import Membership
@@ -239,8 +240,10 @@ class Swarm:
         self.peer = Peer(self.address, membership, averager, get_topology(cfg.topology_name), donor)
         avg = cfg.averaging
         rounds = getattr(cfg.algorithm_options, "gossip_rounds", 1)
-        # A safety net only: the algorithms' own round/exchange timeouts release the trainer first.
-        self.hooks = StepHooks(averager, gate_timeout_s=3 * max(avg.exchange_timeout_s, avg.round_timeout_s * rounds))
+        # A safety net only: the algorithms' own round/exchange timeouts release the trainer first
+        # (a round's deadline follows the link up to ``round_wait_cap``: p2p/averaging/round_deadline.py).
+        wait_s = max(avg.exchange_timeout_s, avg.round_timeout_s * rounds, round_wait_cap(avg))
+        self.hooks = StepHooks(averager, gate_timeout_s=3 * wait_s)
         # Test-only (``hostile``): corrupt what this member sends to its neighbours.
         tamper = Hostile(cfg.hostile, averager.MESSAGES, rng.getrandbits(32)).tamper if cfg.hostile else None
         self._driver = NetworkDriver(transport, self.peer, self.address, self._status_now, self._state_reply,
