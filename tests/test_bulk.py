@@ -1,9 +1,12 @@
 """Large messages on the bulk TCP stream: the reader's framing and limits (pure), and the real
 transport over loopback."""
 
+import ctypes
 import random
 import socket
 import struct
+import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -103,6 +106,44 @@ def test_the_declared_size_is_checked_before_any_payload_arrives():
     with pytest.raises(RemoteProtocolError) as err:
         feed(r, data[:meta_len])  # prefix and meta only
     assert err.value.reason == "oversized"
+
+
+# In a fresh process (the threshold is process-wide): a 2 MiB block, then a 20 MB declared size
+# and a hang-up, then whether a 4 MiB block still gets a mapping of its own (mallinfo2's hblks).
+_THRESHOLD_CHECK = """
+import ctypes, struct
+import numpy as np
+from p2p.net.bulk import BufferPool, MAGIC, StreamReader
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+def mapped(nbytes):
+    before = libc.mallinfo2().hblks
+    block = np.empty(nbytes, np.uint8)
+    return libc.mallinfo2().hblks - before
+assert mapped(2 << 20) == 1, "malloc's threshold is past 2 MiB already: the check cannot tell"
+reader = StreamReader(BufferPool(4), 1 << 31, 1 << 16, 0.0)
+data = bytearray(struct.pack("!4sQIH", MAGIC, 1, 1, 1) + b"h" + struct.pack("!Q", 20_000_000) + bytes(100))
+while data:
+    target = reader.target()
+    n = min(target.nbytes, len(data))
+    target[:n] = data[:n]
+    del data[:n]
+    reader.advance(n, 0.0)
+assert reader.mid_message()
+del reader, target  # the sender hung up: the transport drops the connection's reader
+print(mapped(4 << 20))
+"""
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="glibc's malloc only")
+def test_a_hostile_declared_size_does_not_raise_mallocs_mmap_threshold():
+    # A receive buffer sized by the sender and freed after a hang-up must not come from malloc:
+    # glibc would then keep every later block under that size in its heaps (p2p/net/bulk.py, _mapped).
+    out = subprocess.run([sys.executable, "-c", _THRESHOLD_CHECK], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1"
 
 
 def test_garbage_in_the_header_frame_is_caught_by_decode():

@@ -61,7 +61,7 @@ def check_bounds(report, alive, honest, addrs):
     # Bounded: memory and file descriptors. During a flood the node holds its connections (at
     # most max_connections, 256, to the bulk port), beside 2 fds per socket to a made-up sender
     # it answered (those close when idle); afterwards it is back where it started but for those.
-    assert report.rss_growth < 0.10, (report.before.rss, report.after.rss)
+    assert report.rss_peak_growth < 0.10, (report.before.rss, report.rss_peak, report.before.anon, report.anon_peak)
     opened = report.delta("peer_sockets")
     assert report.max_fds <= report.before.fds + 2 * BUDGET.flood + 2 * opened + 64, (report.before.fds, report.max_fds)
     assert report.after.fds <= report.before.fds + 2 * opened + 8, (report.before.fds, report.after.fds, opened)

@@ -55,12 +55,14 @@ class Budget:
     dealers: int = 4  # DEALER sockets the control messages are spread over
 
 
-def rss_bytes(pid: int) -> int:
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """``VmRSS``: all resident memory; ``RssAnon``: less the pages of mapped files (the libraries'
+    code, which the kernel drops and reads back at will: other work on the machine moves it)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
+    raise RuntimeError(f"no {field} for {pid}")
 
 
 def open_fds(pid: int) -> int:
@@ -81,6 +83,7 @@ class Sample:
     fds: int
     info: Optional[dict]  # the node's status (None: it did not answer in time)
     honest: Optional[dict] = None  # the honest peer's status, likewise
+    anon: int = 0  # RssAnon
 
 
 class Monitor:
@@ -107,7 +110,7 @@ class Monitor:
     def sample(self, status_timeout_s: float = 2.0) -> Sample:
         info = self._status(self.addr, status_timeout_s)
         s = Sample(time.monotonic(), rss_bytes(self.pid), open_fds(self.pid), info,
-                   self._status(self.honest, status_timeout_s))
+                   self._status(self.honest, status_timeout_s), rss_bytes(self.pid, "RssAnon"))
         self.max_fds = max(self.max_fds, s.fds)
         return s
 
@@ -300,6 +303,17 @@ class Report:
     @property
     def rss_peak(self) -> int:
         return max(s.rss for s in [self.before, *self.samples, self.after])
+
+    @property
+    def anon_peak(self) -> int:
+        return max(s.anon for s in [self.before, *self.samples, self.after])
+
+    @property
+    def rss_peak_growth(self) -> float:
+        """The most the RSS rose over the run, against the RSS at its start: the larger of the
+        total's rise and the anonymous memory's (the kernel may drop file pages meanwhile,
+        which would hide a rise of the total; without swap it cannot drop the heaps)."""
+        return max(self.rss_peak - self.before.rss, self.anon_peak - self.before.anon) / self.before.rss
 
     def exchanges_by_window(self, window_s: float) -> list[int]:
         """Exchanges the honest peer made with the node in each ``window_s`` of the run (the last

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import zmq
 
-from p2p.net.heap import release_free_memory
+from p2p.net.heap import Trimmer
 from p2p.net.identity import AllowFile, Bindings
 from p2p.net.keyring import KeyFile
 from p2p.net.member_ids import ROW_REASON, SENDER_REASON, MemberIds
@@ -41,10 +41,8 @@ REJECT_LOG_EVERY_S = 10.0  # rejected messages: one log line per this long (and 
 IDENTITY_REASONS = ("unsigned", "not_allowed", "bad_signature", "identity_mismatch",  # p2p/net/identity.py
                     SENDER_REASON, ROW_REASON)  # p2p/net/member_ids.py
 MAX_LOGGED_KEYS = 256
-# Give the heap's free memory back (p2p/net/heap.py) every TRIM_EVERY_S while messages arrive
-# at TRIM_AFTER_MESSAGES or more a period (a flood), and once more in the period after one ends.
+# How often to see whether the heap's free memory should go back to the OS (p2p/net/heap.py).
 TRIM_EVERY_S = 5.0
-TRIM_AFTER_MESSAGES = 5_000
 T = TypeVar("T")
 
 
@@ -96,8 +94,7 @@ class NetworkDriver:
         self.received_from = TopCounts()  # bytes of decoded messages, by sender address
         self._next_housekeeping = 0.0
         self._next_trim = 0.0
-        self._trim_count = 0  # transport.messages_received at the last check
-        self._flooded = False  # the last period was a flood: trim once more after it
+        self.trimmer = Trimmer()
         self._thread = threading.Thread(target=self._run, name="p2p-network", daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -197,7 +194,8 @@ class NetworkDriver:
                 self._reload_keys()
                 self._reload_allowed()
                 if now >= self._next_trim:
-                    self._trim_heap(now)
+                    self.trimmer.check()
+                    self._next_trim = now + TRIM_EVERY_S
                 self._next_housekeeping = now + 1.0
             if self.hooks is not None:
                 self._send_all(self.hooks.service(now, self.peer.neighbours))
@@ -208,13 +206,6 @@ class NetworkDriver:
             self.transport.poller.unregister(self.hooks.wake_socket)
         self._send_all(self.peer.leave(time.monotonic()))
         self.transport.close(linger_s=0.5)  # give the leave announcements a moment to go out
-
-    def _trim_heap(self, now: float) -> None:
-        flood = self.transport.messages_received - self._trim_count >= TRIM_AFTER_MESSAGES
-        if flood or self._flooded:
-            release_free_memory()
-        self._flooded, self._trim_count = flood, self.transport.messages_received
-        self._next_trim = now + TRIM_EVERY_S
 
     def _reload_keys(self) -> None:
         """Key rotation without a restart: take the key file's new keys (a stat per second)."""

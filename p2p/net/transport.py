@@ -86,7 +86,10 @@ class TransportError(RuntimeError):
 class TransportConfig:
     send_hwm: int = 16  # queued outgoing messages per peer connection before sends drop
     reply_hwm: int = 4  # replies queued for one client (it asks one thing at a time) before replies drop
-    recv_hwm: int = 256  # queued incoming messages before ZeroMQ pushes back
+    # Incoming messages ZeroMQ queues per connection before it stops reading it (the sender's own
+    # queue, then its sends, drop): a peer sends a few at a time; a flooding connection (any size
+    # up to max_message_bytes each) would park 256 in memory while this node is busy.
+    recv_hwm: int = 32
     max_message_bytes: int = 2 * 1024 * 1024 * 1024  # inbound message limit
     reconnect_ivl_ms: int = 100  # first reconnect delay after a peer drops
     reconnect_ivl_max_ms: int = 2000  # reconnect backoff cap
