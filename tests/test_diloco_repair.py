@@ -25,14 +25,16 @@ class Swarm:
     """Peers on a full graph, a logical clock and a network that can cut a peer off. Every
     message goes through encode/decode; ``sent`` counts the bytes each peer put on the wire."""
 
-    def __init__(self, starts, codec="int4", drop=lambda src, dst, msg: False, timeout_s=10.0, robust=False):
+    def __init__(self, starts, codec="int4", drop=lambda src, dst, msg: False, timeout_s=10.0, robust=False,
+                 outer_lr=0.7, outer_momentum=0.9):
         self.names = [f"p{i}" for i in range(len(starts))]
         self.peers = {}
         for name, start in zip(self.names, starts):
             config = AveragingConfig(round_timeout_s=timeout_s, robust_mixing=robust, compression=codec)
             port = ArrayPort(np.asarray(start, np.float32), KEY, immediate=True)
             self.peers[name] = (port, DiLoCo(config, port, random.Random(0), 0.0,
-                                             DiLoCoConfig(inner_steps=H, outer_lr=0.7, outer_momentum=0.9)))
+                                             DiLoCoConfig(inner_steps=H, outer_lr=outer_lr,
+                                                                          outer_momentum=outer_momentum)))
             self.peers[name][1].self_addr = name  # as p2p.peer.Peer sets it
         self.now = 0.0
         self.cut: set[str] = set()
@@ -132,6 +134,20 @@ def test_a_copy_apart_is_pulled_from_one_donor_and_rounds_return_to_compressed_d
     # No theta_start in any round share; the last rounds carry compressed Deltas only.
     assert all(b < 3 * SHARE[codec] * 1.3 for b in per_round[-1].values())
     assert s.kinds["p3"].get("RepairRequest", 0) < 2000
+
+
+def test_without_outer_momentum_the_pull_carries_theta_start_only():
+    # SparseLoCo's outer step (lr 1, momentum 0): the momentum buffer never enters an outer step,
+    # so the pull leaves it out: 4 bytes a parameter, and the copies still end as one.
+    rng = np.random.default_rng(0)
+    s = Swarm(starts(4, apart={3}), codec="sparseloco", outer_lr=1.0, outer_momentum=0.0)
+    for _ in range(4):
+        s.outer_round(rng)
+    p3 = s.alg("p3")
+    assert p3.stats["repairs_started"] == p3.stats["repairs_completed"] == 1
+    served = [s.alg(n).stats["repair_bytes_served"] for n in ("p0", "p1", "p2")]
+    assert sorted(served) == [0, 0, 4 * N] and p3.stats["repair_bytes"] == 4 * N
+    assert agree(s, s.names)
 
 
 def test_the_repaired_model_keeps_its_inner_progress():

@@ -288,7 +288,8 @@ class DiLoCo(AsynchronousHooks):
         # a round share's timing mostly measures the sender's lead), both sides of the pull.
         self.monitor = BandwidthMonitor()
         self._donor = RepairDonor(self._start.size, port.model_key, self.stats)
-        self._puller = RepairPuller(self._start.size, port.model_key, self.monitor, self.stats)
+        self._puller = RepairPuller(self._start.size, port.model_key, self.monitor, self.stats,
+                                    momentum=self.options.outer_momentum != 0)
         self._outbox: list[Send] = []  # donor chunks due at an outer step (sent from tick)
         # Round deadlines (module docstring): the usual wait, and who is not waited for.
         self._wait_ewma: float | None = None
