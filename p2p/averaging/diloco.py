@@ -137,6 +137,7 @@ import numpy as np
 
 from p2p.averaging.outer_copies import CopyWatch, sketch_positions
 from p2p.averaging.outer_schedule import MAX_PROPOSAL, InnerSchedule
+from p2p.averaging.outer_catchup import CatchUpMissing, CatchUpPuller, CatchUpRequest, CatchUpShare, ShareLog
 from p2p.averaging.outer_repair import RepairChunk, RepairDonor, RepairPuller, RepairRequest, propagate
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
                                decoded_params, state_array, state_int)
@@ -243,7 +244,7 @@ class DiLoCo(AsynchronousHooks):
 
     name = "diloco"
     natural_topology = "full"
-    MESSAGES = (OuterShare, OuterShareQ, RepairRequest, RepairChunk)
+    MESSAGES = (OuterShare, OuterShareQ, RepairRequest, RepairChunk, CatchUpRequest, CatchUpShare, CatchUpMissing)
     CODECS = CODECS
     Config = DiLoCoConfig
     default_round_timeout_s = 20.0  # its rounds move whole models once per H steps (12 MB at 20 Mbit/s: 5 s)
@@ -267,7 +268,8 @@ class DiLoCo(AsynchronousHooks):
         # one was in flight, bytes pulled and served, chunks that missed their deadline.
         for key in ("repairs_started", "repairs_completed", "repairs_failed", "repair_rounds", "repair_bytes",
                     "repair_bytes_served", "repair_chunks_missed", "repair_chunks_unasked", "repair_stale",
-                    "repair_donors_gone", "repairs_replayed", "replays_missing", "repairs_diverged"):
+                    "repair_donors_gone", "repairs_replayed", "replays_missing", "repairs_diverged",
+                    "catch_ups_started", "catch_ups_completed"):
             self.stats[key] = 0
         # How far the outer parameters (the swarm's model) are apart: from the sketches, and from
         # theta_start itself in the rounds that carry it.
@@ -290,6 +292,14 @@ class DiLoCo(AsynchronousHooks):
         self._donor = RepairDonor(self._start.size, port.model_key, self.stats)
         self._puller = RepairPuller(self._start.size, port.model_key, self.monitor, self.stats,
                                     momentum=self.options.outer_momentum != 0)
+        # Catch-ups (outer_catchup.py): with a codec, the last rounds' shares (donor) and our
+        # base (puller), within half of theta_start's bytes (beyond, the pull is cheaper).
+        budget = 2 * self._start.size if self._compressor is not None and not self._params_every_round else 0
+        self._log = ShareLog(self._start.size, port.model_key, self.stats, budget)
+        self._catchup = CatchUpPuller(self._start.size, port.model_key, self.monitor, self.stats,
+                                      self.options.outer_lr, self.options.outer_momentum, self.robust, budget)
+        self._pullers = (self._puller, self._catchup)
+        self._share_bytes = 0  # our last packed share's bytes (a catch-up's estimate)
         self._outbox: list[Send] = []  # donor chunks due at an outer step (sent from tick)
         # Round deadlines (module docstring): the usual wait, and who is not waited for.
         self._wait_ewma: float | None = None
@@ -297,8 +307,8 @@ class DiLoCo(AsynchronousHooks):
         self._wait_for: frozenset = frozenset()
         self._absent: set[str] = set()
         # Copies apart: who repairs and how, replay or pull (outer_copies.py).
-        self._watch = CopyWatch(self.options.outer_lr, self.options.outer_momentum, self.robust, self._puller,
-                                self.monitor, self.disagreement, self.stats)
+        self._watch = CopyWatch(self.options.outer_lr, self.options.outer_momentum, self.robust, self._pullers,
+                                self.monitor, self.disagreement, self.stats, on_agreed=self._catchup.note_agreed)
         self._momentum = np.zeros_like(self._start)
         self._syncing = False  # between the boundary and the outer step
         self._shipped: np.ndarray | None = None  # overlap: our own Delta of the round in flight, in full precision
@@ -378,9 +388,10 @@ class DiLoCo(AsynchronousHooks):
             self._residual = residual
 
     def next_deadline(self) -> float:
-        if self._outbox or ((self._puller.done is not None or self._watch.replay is not None) and not self._syncing):
+        landed = any(p.done is not None for p in self._pullers) or self._watch.replay is not None
+        if self._outbox or (landed and not self._syncing):
             return -math.inf  # chunks to send, a pulled state to apply: tick does it now
-        return min(self._rounds.deadline, self._continue_at, self._puller.next_deadline())
+        return min(self._rounds.deadline, self._continue_at, *(p.next_deadline() for p in self._pullers))
 
     @property
     def outer_parameters(self) -> np.ndarray:
@@ -437,6 +448,10 @@ class DiLoCo(AsynchronousHooks):
         self._serving = None
         self._keep_delta(r, self.self_addr, delta)
         self._sketch = start[self._positions]
+        if self._log.budget and self._packed is not None:  # catch-ups (outer_catchup.py)
+            self._share_bytes = self._packed.nbytes
+            self._log.keep(r, self.self_addr, self._packed, r)
+            self._catchup.note_begin(r, start, momentum)
         self._sent_params = set(neighbours) if self._params_every_round else set()
         self.stats["params_sent"] += len(self._sent_params)
         # the exchange as measured: the usual wait of our rounds (outer_schedule.py, "Measured")
@@ -539,27 +554,34 @@ class DiLoCo(AsynchronousHooks):
             self._blocked_since = None
         self._payload = ()
         self.stats["outer_steps"] += 1
-        if self._puller.active:
+        if any(p.active for p in self._pullers):
             self.stats["repair_rounds"] += 1
         state = (self._start, self._momentum)
         self._outbox += self._donor.outer_step(self._rounds.round, state, now)
+        self._outbox += self._log.sealed(self._rounds.round - 1, self._watch.mixed_last)
         self._apply_repair()
         if self._watch.pull_from is not None:
-            self._puller.begin(self._watch.pull_from, self._rounds.round, state, now)
-            self._watch.pull_from = None
+            # Replay the rounds missed from the donor's log when that is small (a few rounds of
+            # a sparse codec), else pull its state (outer_catchup.py, "When").
+            donor, self._watch.pull_from = self._watch.pull_from, None
+            if not self._catchup.begin(donor, self._rounds.round, state, now, self._share_bytes, len(self._wait_for) + 1,
+                                       self._round_timeout()):
+                self._puller.begin(donor, self._rounds.round, state, now)
         self._serve(now)  # finished: a neighbour may have begun the next round already
 
     def _apply_repair(self) -> None:
-        """A finished pull (outer_repair.py, "Replay") or a replay repair: move our theta_start,
+        """A finished pull (outer_repair.py, "Replay"), catch-up (outer_catchup.py) or a replay
+        repair: move our theta_start,
         momentum and model by the difference, carried through the outer steps taken since."""
         if self._syncing:
             return
         if self._watch.replay is not None:
             (round, d_start, d_momentum), self._watch.replay = self._watch.replay, None
             self._correct(round, d_start, d_momentum)
-        done = self._puller.take()
-        if done is not None:
-            self._correct(done.round, done.start - done.own_start, done.momentum - done.own_momentum)
+        for puller in self._pullers:
+            done = puller.take()
+            if done is not None:
+                self._correct(done.round, done.start - done.own_start, done.momentum - done.own_momentum)
 
     def _correct(self, round: int, d_start: np.ndarray, d_momentum: np.ndarray) -> None:
         opts = self.options
@@ -616,6 +638,11 @@ class DiLoCo(AsynchronousHooks):
         if isinstance(msg, RepairChunk):
             self._puller.receive(src, msg, now)
             return []
+        if isinstance(msg, CatchUpRequest):
+            return self._log.receive(src, msg, self._rounds.round)
+        if isinstance(msg, (CatchUpShare, CatchUpMissing)):
+            self._catchup.receive(src, msg, now)
+            return []
         if isinstance(msg, OuterShare):
             check_params(msg.delta, msg.model_key, self.port)
             delta = msg.delta
@@ -634,6 +661,8 @@ class DiLoCo(AsynchronousHooks):
         if msg.round >= self._rounds.round - 1:
             self._absent.discard(src)  # in step with us again (a late share by one round: a straggler)
         if self._rounds.offer(src, msg.round, msg.degree, msg.step, (params, delta, momentum)) and params is None:
+            if isinstance(msg, OuterShareQ) and self._log.budget:  # for catch-ups (outer_catchup.py)
+                self._log.keep(msg.round, src, msg.payload(), self._rounds.round)
             # keep sketches and proposals only as long as the rounds do
             self._watch.share_received(msg.round, src, msg.sketch, msg.step, msg.mixed, self._rounds.buffered())
             kept = set(self._rounds.buffered())
@@ -646,11 +675,12 @@ class DiLoCo(AsynchronousHooks):
 
     def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         sends, self._outbox = self._outbox, []
-        self._puller.drop_if_donor_gone(neighbours)
+        for puller in self._pullers:
+            puller.drop_if_donor_gone(neighbours)
         self._apply_repair()
         if self._syncing:
             if now >= self._continue_at:
                 sends += self._begin(now, neighbours)
             else:
                 self._poll(now)
-        return sends + self._puller.tick(now)
+        return sends + self._puller.tick(now) + self._catchup.tick(now)

@@ -9,7 +9,8 @@ runs ``validate`` so that a malformed payload is rejected by ``p2p.wire.decode``
 object sees it. Checking ``numel`` against the local model is the receiving algorithm's job.
 
 Tags 60..79 belong to compression (append-only): 60 CompressedTensor here; 61..63 CHOCO-gossip
-(p2p/averaging/choco.py); 64..65 compressed AD-PSGD (adpsgd.py); 66 compressed DiLoCo (diloco.py).
+(p2p/averaging/choco.py); 64..65 compressed AD-PSGD (adpsgd.py); 66 compressed DiLoCo (diloco.py);
+67 DiLoCo's catch-up shares (outer_catchup.py).
 """
 
 from __future__ import annotations
