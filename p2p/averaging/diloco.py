@@ -95,11 +95,14 @@ a sketch of the sender's theta_start (a few hundred entries at fixed positions).
 the same averaged Delta keep identical copies (up to float rounding), so the sketches agree. A
 missed round, a cut link or a joiner leaves copies apart by far more than rounding: then the
 peers outside the largest group of matching sketches mend theirs, by a replay of the round
-they missed from the Deltas they kept when they can, else by a pull of the swarm's
-(theta_start, momentum) from one donor, in chunks, in the background, carried through the
-outer steps since (p2p/averaging/outer_copies.py decides; outer_repair.py pulls: sized from the
-measured link, at most one in flight, a retry never larger than the attempt before; training
-never waits for it). Finished peers mend theirs too: they keep serving rounds. With int4 an
+they missed from the Deltas they kept when they can; else, with a codec whose rounds are small
+(a few rounds of SparseLoCo's shares weigh less than half of theta_start), by a catch-up: the
+rounds since they last agreed replayed from one donor's log of the compressed shares each
+round averaged (outer_catchup.py); else by a pull of the swarm's (theta_start, momentum) from
+one donor, in chunks, in the background, carried through the outer steps since
+(p2p/averaging/outer_copies.py decides; outer_repair.py pulls: sized from the measured link,
+at most one repair in flight, a retry never larger than the attempt before; training never
+waits for either). Finished peers mend theirs too: they keep serving rounds. With int4 an
 outer step moves ~N/7 of a model per neighbour instead of 3N. With ``gossip_rounds`` > 1
 (sparse graphs, where no round is an exact average and the copies are never equal) theta_start
 and the momentum travel in every round (a left-out one is an empty tensor, which the round
