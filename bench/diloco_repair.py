@@ -137,6 +137,10 @@ def compute_only_rate(lab: Lab, task: str, seconds: float, log_dir: Path) -> flo
         procs.append(lab.popen(i, [sys.executable, str(BENCH / "compute_only.py"), "--task", task, "--shard",
                                    f"{i}/{lab.peers}", "--steps", "1000000", "--eval-every", "2"],
                                stdout=out, stderr=subprocess.STDOUT, env=env))
+    deadline = time.time() + 180  # start-up (imports) is not compute: the window opens once all run
+    while time.time() < deadline and not all(any("step" in r for r in _common.read_jsonl(log_dir / f"compute{i}.log"))
+                                             for i in range(lab.peers)):
+        time.sleep(0.5)
     time.sleep(seconds)
     for p in procs:
         p.terminate()
@@ -174,7 +178,7 @@ def run_cut(lab: Lab, log_dir: Path, task: str = "nodes.wide:WideTask", h: int =
     try:
         swarm.start()
         sampler.start()
-        deadline = time.time() + 90
+        deadline = time.time() + 180  # start-up on a loaded machine takes a while
         while min(progress.step(i) for i in range(n)) < 2 * h:
             if time.time() > deadline or not all(swarm.alive(i) for i in range(n)):
                 raise RuntimeError(f"the swarm did not get going; logs in {log_dir}")
@@ -237,7 +241,8 @@ def analyse(progress: Progress, tx: list[tuple[float, float]], marks: dict[str, 
         peers.append({"peer": i, "cut": i == cut, "steady_steps_per_s": round(rate, 2),
                       "min_window_after": round(min(post), 2) if post else None,
                       "min_window_in_cut": round(min(in_cut), 2) if in_cut else None,
-                      "repairs": stats.get("repairs"), "repair_rounds": stats.get("repair_rounds"),
+                      "repairs": stats.get("repairs"), "catch_ups": stats.get("catch_ups"),
+                      "repair_rounds": stats.get("repair_rounds"),
                       "repair_mb": round((stats.get("repair_bytes") or 0) / 1e6, 2)})
     return {"h": h, "round_s": round(round_s, 2), "cut_s": round(marks["restore"] - marks["cut"], 2),
             "codec_level_mb": level, "rounds_to_codec_level": back, "rounds": rounds, "peers": peers}
