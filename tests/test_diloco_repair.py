@@ -596,3 +596,47 @@ def test_a_finished_peer_whose_copy_is_apart_repairs_it_while_it_serves():
     assert agree(s, s.names)
     np.testing.assert_allclose(s.peers["p0"][0].x, p0.outer_parameters, atol=1e-4)  # its model is the swarm's
 
+
+
+def test_a_donors_log_follows_its_copy_a_replayed_round_serves_the_swarms_set():
+    # As above with SparseLoCo's shares: p2 averaged round 0 without p3's late share, then
+    # replayed the others' average. Its log (what a catch-up replays from it) must say so too:
+    # round 0 serves all four shares, the late one included, not the set it first took.
+    from p2p.averaging.outer_catchup import CatchUpRequest, CatchUpShare
+    held = []
+
+    def hold(src, dst, msg):
+        if src == "p3" and dst == "p2" and getattr(msg, "round", None) == 0:
+            held.append(msg)
+            return True
+        return False
+
+    s = Swarm(starts(4), codec="sparseloco", drop=hold, timeout_s=2.0)
+    rng = np.random.default_rng(11)
+    s.outer_round(rng)
+    p2 = s.alg("p2")
+
+    def served(alg, round):
+        return alg._log.receive("p9", CatchUpRequest(round, KEY), alg._rounds.round)
+
+    assert {x.msg.sender for x in served(p2, 0)} == {"p0", "p1", "p2"}  # what it averaged
+    for msg in held:
+        p2.receive("p3", msg, s.now, s.others("p2"))
+    s.outer_round(rng)
+    assert p2.stats["repairs_replayed"] == 1
+    out = served(p2, 0)
+    assert all(isinstance(x.msg, CatchUpShare) for x in out)
+    assert [x.msg.sender for x in out] == ["p0", "p1", "p2", "p3"] and out[0].msg.mixed == ("p0", "p1", "p2", "p3")
+
+
+def test_a_pulled_state_drops_the_rounds_before_it_from_the_log():
+    from p2p.averaging.outer_catchup import CatchUpMissing, CatchUpRequest
+    rng = np.random.default_rng(0)
+    s = Swarm(starts(4, apart={3}), codec="sparseloco")  # apart from the start: no base, a pull
+    for _ in range(4):
+        s.outer_round(rng)
+    p3 = s.alg("p3")
+    assert p3.stats["repairs_completed"] == 1 and p3.stats["catch_ups_started"] == 0
+    missing = p3._log.receive("p9", CatchUpRequest(0, KEY), p3._rounds.round)
+    assert [type(x.msg) for x in missing] == [CatchUpMissing]  # its round 0 was not the swarm's
+    assert s.alg("p0")._log.receive("p9", CatchUpRequest(2, KEY), 4)  # the others' still are

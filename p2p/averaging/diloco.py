@@ -581,10 +581,12 @@ class DiLoCo(AsynchronousHooks):
         if self._watch.replay is not None:
             (round, d_start, d_momentum), self._watch.replay = self._watch.replay, None
             self._correct(round, d_start, d_momentum)
+            self._log.reseal(*self._watch.replayed_set)  # the round's set is now the reference's
         for puller in self._pullers:
             done = puller.take()
             if done is not None:
                 self._correct(done.round, done.start - done.own_start, done.momentum - done.own_momentum)
+                self._log.forget_before(self._rounds.round)  # our earlier rounds were not the swarm's
 
     def _correct(self, round: int, d_start: np.ndarray, d_momentum: np.ndarray) -> None:
         opts = self.options
@@ -663,9 +665,9 @@ class DiLoCo(AsynchronousHooks):
             self._keep_delta(msg.round, src, delta.copy() if isinstance(msg, OuterShare) else delta)
         if msg.round >= self._rounds.round - 1:
             self._absent.discard(src)  # in step with us again (a late share by one round: a straggler)
+        if params is None and isinstance(msg, OuterShareQ) and self._log.budget:  # for catch-ups, late ones too
+            self._log.keep(msg.round, src, msg.payload(), self._rounds.round)  # (outer_catchup.py)
         if self._rounds.offer(src, msg.round, msg.degree, msg.step, (params, delta, momentum)) and params is None:
-            if isinstance(msg, OuterShareQ) and self._log.budget:  # for catch-ups (outer_catchup.py)
-                self._log.keep(msg.round, src, msg.payload(), self._rounds.round)
             # keep sketches and proposals only as long as the rounds do
             self._watch.share_received(msg.round, src, msg.sketch, msg.step, msg.mixed, self._rounds.buffered())
             kept = set(self._rounds.buffered())

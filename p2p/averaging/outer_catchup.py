@@ -15,7 +15,12 @@ snapshot install) and as Streaming DiLoCo's workers rejoin from the fragments' o
 
 - **Donor's log** (``ShareLog``): every peer keeps, for the rounds that ended in one of its outer
   steps over an exact average (``mixed``, diloco.py: not with staleness weights), the packed
-  share of every sender that average took, its own included: the newest rounds that fit in
+  share of every sender that average took, its own included, and the set it took. The log
+  follows the copy: a one-round replay repair (outer_copies.py) that replaced a round's
+  average by the reference's replaces the set (the late shares it names are kept too), and a
+  pull or catch-up that landed drops the rounds before it (they were not the swarm's). A donor
+  serving a round it has since replayed would land its puller apart (a likely, unconfirmed,
+  cause of a second repair seen once in the lab test). The newest rounds that fit in
   ``log_budget`` bytes (half of theta_start's: more, and the pull is cheaper) and at most
   ``LOG_ROUNDS``. A request for a logged round is answered with one ``CatchUpShare`` per
   sender; for a round not reached yet, when the donor's outer step of it comes (at most
@@ -109,15 +114,32 @@ class ShareLog:
     def __init__(self, numel: int, model_key: str, stats: dict[str, int], budget_bytes: int) -> None:
         self.numel, self.model_key, self.stats, self.budget = numel, model_key, stats, budget_bytes
         self._shares: dict[int, dict[str, Compressed]] = {}  # round -> sender -> share (not sealed yet)
-        self._sealed: dict[int, tuple[tuple, dict[str, Compressed]]] = {}  # round -> (mixed, shares)
+        self._sealed: dict[int, tuple[tuple, dict[str, Compressed]]] = {}  # round -> (mixed, shares: those
+        # it averaged and any that came late)
         self._pending: list[tuple[str, CatchUpRequest]] = []
 
     def keep(self, round: int, src: Optional[str], packed: Optional[Compressed], current: int) -> None:
-        """A share of round ``round`` (ours, or one the rounds took): kept until it is sealed."""
-        if src is None or packed is None or round < current or round > current + LOG_ROUNDS:
+        """A share of round ``round`` (ours, or a neighbour's): kept until the round is sealed, and
+        after it when it came late to a logged round (a replay may name it: ``reseal``)."""
+        if src is None or packed is None or round > current + LOG_ROUNDS:
             return
         arrays = tuple(np.array(a, copy=True) for a in packed.arrays)  # off the receive buffer
-        self._shares.setdefault(round, {})[src] = Compressed(packed.codec, packed.numel, arrays, packed.meta)
+        share = Compressed(packed.codec, packed.numel, arrays, packed.meta)
+        if round in self._sealed:
+            self._sealed[round][1].setdefault(src, share)
+        elif round >= current:
+            self._shares.setdefault(round, {})[src] = share
+
+    def reseal(self, round: int, mixed: tuple) -> None:
+        """Our copy took another average of round ``round`` (a replay repair, outer_copies.py):
+        ``mixed`` is the set the swarm averaged; the round is dropped if a share of it is missing."""
+        held = self._sealed.pop(round, None)
+        if held is not None and mixed and all(s in held[1] for s in mixed):
+            self._sealed[round] = (tuple(mixed), held[1])
+
+    def forget_before(self, round: int) -> None:
+        """A pulled or caught-up state landed: our rounds before ``round`` were not the swarm's."""
+        self._sealed = {k: v for k, v in self._sealed.items() if k >= round}
 
     def sealed(self, round: int, mixed: tuple) -> list[Send]:
         """Our outer step of round ``round`` averaged ``mixed`` (() when not replayable): log it
@@ -125,7 +147,7 @@ class ShareLog:
         shares = self._shares.pop(round, {})
         self._shares = {k: v for k, v in self._shares.items() if k > round}
         if mixed and all(s in shares for s in mixed):
-            self._sealed[round] = (mixed, {s: shares[s] for s in mixed})
+            self._sealed[round] = (mixed, shares)
         while self._sealed and (len(self._sealed) > LOG_ROUNDS or self._bytes() > self.budget):
             del self._sealed[min(self._sealed)]
         due = [(s, m) for s, m in self._pending if m.round <= round]

@@ -81,6 +81,7 @@ class CopyWatch:
         self.disagreement, self.stats = disagreement, stats
         self.self_addr: Optional[str] = None  # ours: it names us in the neighbours' ``mixed`` lists
         self.replay: Optional[tuple[int, np.ndarray, np.ndarray]] = None  # (round, d theta_start, d momentum)
+        self.replayed_set: tuple = ()  # (round, the set it averaged) of the last replay decided
         self.pull_from: Optional[str] = None  # the donor to pull from after this outer step
         self.mixed_last: tuple = ()  # whose Deltas our last round averaged (sent with our next share)
         self._fresh_from = 0  # rounds begun before this one compared copies from before a repair
@@ -184,5 +185,6 @@ class CopyWatch:
             average = np.sum(vectors, axis=0, dtype=np.float32) / np.float32(len(vectors))
         d = average - self._averaged[prev]
         self.replay = (r, np.float32(-self.outer_lr * (1 + self.outer_momentum)) * d, d)
+        self.replayed_set = (prev, tuple(lists[0]))
         self.stats["repairs_replayed"] += 1
         return True
