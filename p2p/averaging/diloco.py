@@ -272,7 +272,7 @@ class DiLoCo(AsynchronousHooks):
         for key in ("repairs_started", "repairs_completed", "repairs_failed", "repair_rounds", "repair_bytes",
                     "repair_bytes_served", "repair_chunks_missed", "repair_chunks_unasked", "repair_stale",
                     "repair_donors_gone", "repairs_replayed", "replays_missing", "repairs_diverged",
-                    "catch_ups_started", "catch_ups_completed"):
+                    "catch_ups_started", "catch_ups_completed", "repair_in_flight"):
             self.stats[key] = 0
         # How far the outer parameters (the swarm's model) are apart: from the sketches, and from
         # theta_start itself in the rounds that carry it.
@@ -557,7 +557,8 @@ class DiLoCo(AsynchronousHooks):
             self._blocked_since = None
         self._payload = ()
         self.stats["outer_steps"] += 1
-        if any(p.active for p in self._pullers):
+        self.stats["repair_in_flight"] = int(any(p.active for p in self._pullers))
+        if self.stats["repair_in_flight"]:
             self.stats["repair_rounds"] += 1
         state = (self._start, self._momentum)
         self._outbox += self._donor.outer_step(self._rounds.round, state, now)
@@ -688,4 +689,6 @@ class DiLoCo(AsynchronousHooks):
                 sends += self._begin(now, neighbours)
             else:
                 self._poll(now)
-        return sends + self._puller.tick(now) + self._catchup.tick(now)
+        sends += self._puller.tick(now) + self._catchup.tick(now)
+        self.stats["repair_in_flight"] = int(any(p.active for p in self._pullers))  # status: 1 while one runs
+        return sends
