@@ -5,8 +5,11 @@ theta_start + momentum in fp32 both ways to every neighbour in the next round; a
 that outlasted the round timeout and repeated for ever. This runs the case in the lab
 (p2p/harness/lab.py: one network namespace per peer, ``tc tbf`` on both directions):
 
-1. ``--peers`` real ``p2p start`` nodes, DiLoCo int4 (H = ``--h``), a communication-heavy task
-   (default ``nodes.wide:WideTask``, 2.2 M parameters, a step of a few ms);
+1. ``--peers`` real ``p2p start`` nodes, DiLoCo (H = ``--h``) with ``--compression``: ``int4``
+   (outer lr 0.5, momentum 0.8: bench/slow_links.py ``p2p-diloco-int4-h25``) or ``sparseloco``
+   (2% top-k at 2 bits with error feedback, outer lr 1, momentum 0: ``p2p-diloco-sparse-h25``),
+   a communication-heavy task (default ``nodes.wide:WideTask``, 2.2 M parameters, a step of a
+   few ms);
 2. ``--pre`` seconds of steady state, from ``--settle`` seconds after every peer took 2 outer
    steps (all start together: ``--min-members``) and no repair is in flight;
 3. the last peer's link cut (``Lab.cut``) for ``--cut-rounds`` outer rounds (the duration
@@ -19,15 +22,17 @@ Definitions:
 - round k: the k-th outer boundary of peer 0 (never cut) to the next; bytes per round: what
   every peer put on its link in that time (bridge-side veth counters, sampled every 0.1 s,
   interpolated at the boundaries), summed over peers;
-- int4 level: the median bytes per round of the steady state; back at int4 level: the first
-  round after the restore from which every round carries at most 1.5x that;
+- codec level: the median bytes per round of the steady state; back at codec level: the first
+  round after the restore from which every round carries at most 1.5x that
+  (``rounds_to_codec_level``: that round's index, 1 for the first round after the restore);
 - steps/s: each peer's steps over sliding ``--window``-second windows (from its JSON progress
   lines); the floor is the lowest window ratio against the peer's own steady-state rate
   (``vs_steady``) and against compute-only's mean rate (``vs_compute_only``), over the
   windows that end after the restore, and separately over those inside the cut.
 
     python bench/diloco_repair.py [--rate 20mbit] [--peers 4] [--h 25] [--pre 15] [--post 25]
-        [--cut-rounds 2] [--settle 5] [--task nodes.wide:WideTask] [--no-compute-only] [--json]
+        [--cut-rounds 2] [--settle 5] [--task nodes.wide:WideTask] [--compression int4|sparseloco]
+        [--overlap] [--no-compute-only] [--prefix P --subnet S] [--json]
 """
 
 from __future__ import annotations
@@ -51,7 +56,10 @@ import _common  # noqa: E402,F401  (puts the repository on sys.path)
 from p2p.harness.lab import Lab, LabError, LabSwarm, probe  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
-LEVEL_FACTOR = 1.5  # "at int4 level": at most this many times the steady state's median round
+LEVEL_FACTOR = 1.5  # "at codec level": at most this many times the steady state's median round
+# The outer step per codec, as bench/slow_links.py's configs p2p-diloco-int4-h25 / p2p-diloco-sparse-h25
+CODEC_ARGS = {"int4": ["--compression", "int4", "--diloco-outer-lr", "0.5", "--diloco-outer-momentum", "0.8"],
+              "sparseloco": ["--compression", "sparseloco", "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0"]}
 
 
 def log(msg: str) -> None:
@@ -129,6 +137,10 @@ def compute_only_rate(lab: Lab, task: str, seconds: float, log_dir: Path) -> flo
         procs.append(lab.popen(i, [sys.executable, str(BENCH / "compute_only.py"), "--task", task, "--shard",
                                    f"{i}/{lab.peers}", "--steps", "1000000", "--eval-every", "2"],
                                stdout=out, stderr=subprocess.STDOUT, env=env))
+    deadline = time.time() + 180  # start-up (imports) is not compute: the window opens once all run
+    while time.time() < deadline and not all(any("step" in r for r in _common.read_jsonl(log_dir / f"compute{i}.log"))
+                                             for i in range(lab.peers)):
+        time.sleep(0.5)
     time.sleep(seconds)
     for p in procs:
         p.terminate()
@@ -145,14 +157,13 @@ def compute_only_rate(lab: Lab, task: str, seconds: float, log_dir: Path) -> flo
 
 def run_cut(lab: Lab, log_dir: Path, task: str = "nodes.wide:WideTask", h: int = 25, pre_s: float = 15.0,
             post_s: float = 25.0, cut_rounds: float = 2.0, window_s: float = 4.0, settle_s: float = 5.0,
-            extra: tuple[str, ...] = ()) -> dict[str, Any]:
+            compression: str = "int4", extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """One run (module docstring); returns the measurements."""
     n = lab.peers
     cut = n - 1
     args = ["--task", task, "--steps", "10000000", "--eval-every", "1000000", "--log-every", "0.25",
             "--log-format", "json", "--linger", "0", "--join-timeout", "60", "--algorithm", "diloco",
-            "--compression", "int4", "--diloco-inner-steps", str(h), "--diloco-outer-lr", "0.5",
-            "--diloco-outer-momentum", "0.8", "--min-members", str(n), *extra]
+            *CODEC_ARGS[compression], "--diloco-inner-steps", str(h), "--min-members", str(n), *extra]
     swarm = LabSwarm(lab, log_dir, args, port=7000, per_peer_args=[["--shard", f"{i}/{n}"] for i in range(n)])
     progress = Progress([log_dir / f"peer{i}.log" for i in range(n)])
     tx: list[tuple[float, float]] = []  # (time, bytes all peers put on their links)
@@ -167,7 +178,7 @@ def run_cut(lab: Lab, log_dir: Path, task: str = "nodes.wide:WideTask", h: int =
     try:
         swarm.start()
         sampler.start()
-        deadline = time.time() + 90
+        deadline = time.time() + 180  # start-up on a loaded machine takes a while
         while min(progress.step(i) for i in range(n)) < 2 * h:
             if time.time() > deadline or not all(swarm.alive(i) for i in range(n)):
                 raise RuntimeError(f"the swarm did not get going; logs in {log_dir}")
@@ -214,10 +225,10 @@ def analyse(progress: Progress, tx: list[tuple[float, float]], marks: dict[str, 
     steady = [r["mb"] for r in rounds if r["phase"] == "steady"]
     level = statistics.median(steady) if steady else float("nan")
     after = [r for r in rounds if r["phase"] == "after"]
-    back = None
+    back = None  # rounds after the restore until (and including) the first at codec level
     for j in range(len(after)):
         if all(r["mb"] <= LEVEL_FACTOR * level for r in after[j:]):
-            back = j + 1  # rounds after the restore until (and including) the first at int4 level
+            back = j + 1
             break
     peers = []
     for i, lines in enumerate(progress.lines):
@@ -230,19 +241,25 @@ def analyse(progress: Progress, tx: list[tuple[float, float]], marks: dict[str, 
         peers.append({"peer": i, "cut": i == cut, "steady_steps_per_s": round(rate, 2),
                       "min_window_after": round(min(post), 2) if post else None,
                       "min_window_in_cut": round(min(in_cut), 2) if in_cut else None,
-                      "repairs": stats.get("repairs"), "repair_rounds": stats.get("repair_rounds"),
+                      "repairs": stats.get("repairs"), "catch_ups": stats.get("catch_ups"),
+                      "repair_rounds": stats.get("repair_rounds"),
                       "repair_mb": round((stats.get("repair_bytes") or 0) / 1e6, 2)})
     return {"h": h, "round_s": round(round_s, 2), "cut_s": round(marks["restore"] - marks["cut"], 2),
-            "int4_level_mb": level, "rounds_to_int4_level": back, "rounds": rounds, "peers": peers}
+            "codec_level_mb": level, "rounds_to_codec_level": back, "rounds": rounds, "peers": peers}
 
 
 def ratios(result: dict[str, Any], compute_only: Optional[float]) -> None:
-    """Add each peer's floor ratios (module docstring) in place."""
+    """Add each peer's floor ratios (module docstring) in place, and the swarm's floors (the
+    lowest over the peers) as ``floor_{after,in_cut}_vs_{steady,compute_only}``."""
     for p in result["peers"]:
         for key in ("after", "in_cut"):
             low = p[f"min_window_{key}"]
             p[f"{key}_vs_steady"] = round(low / p["steady_steps_per_s"], 3) if low is not None else None
             p[f"{key}_vs_compute_only"] = round(low / compute_only, 3) if low is not None and compute_only else None
+    for key in ("after", "in_cut"):
+        for base in ("steady", "compute_only"):
+            values = [p[f"{key}_vs_{base}"] for p in result["peers"] if p[f"{key}_vs_{base}"] is not None]
+            result[f"floor_{key}_vs_{base}"] = min(values) if values else None
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -259,6 +276,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--compute-only", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--prefix", default="p2prep")
     ap.add_argument("--subnet", default="10.74.0.0/24")
+    ap.add_argument("--compression", choices=sorted(CODEC_ARGS), default="int4",
+                    help="the round's codec and its outer step (module docstring)")
     ap.add_argument("--overlap", action="store_true", help="--diloco-overlap: the outer round beside the inner steps")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -275,21 +294,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             if args.compute_only:
                 log(f"compute-only: {args.peers} peers alone for {args.pre:.0f}s ...")
                 compute = compute_only_rate(lab, args.task, args.pre, log_dir)
-            log(f"p2p diloco int4 H={args.h} at {args.rate}, cut peer {args.peers - 1} for {args.cut_rounds} rounds ...")
+            log(f"p2p diloco {args.compression} H={args.h} at {args.rate}, cut peer {args.peers - 1} for {args.cut_rounds} rounds ...")
             result = run_cut(lab, log_dir, args.task, args.h, args.pre, args.post, args.cut_rounds, args.window,
-                             args.settle, extra=("--diloco-overlap",) if args.overlap else ())
+                             args.settle, args.compression, extra=("--diloco-overlap",) if args.overlap else ())
     except LabError as exc:
         print(f"diloco_repair: {exc}", file=sys.stderr)
         return 1
     result["compute_only_steps_per_s"] = None if compute is None else round(compute, 2)
-    result["rate"], result["logs"] = args.rate, str(log_dir)
+    result["rate"], result["compression"], result["logs"] = args.rate, args.compression, str(log_dir)
     ratios(result, compute)
     if args.json:
         print(json.dumps(result))
         return 0
     print(f"rate {args.rate}, {args.peers} peers, H={args.h}, round {result['round_s']}s, link of peer "
-          f"{args.peers - 1} cut {result['cut_s']}s; int4 level {result['int4_level_mb']:.2f} MB/round (swarm); "
-          f"back at it {result['rounds_to_int4_level']} round(s) after the restore; compute-only "
+          f"{args.peers - 1} cut {result['cut_s']}s; {args.compression} level {result['codec_level_mb']:.2f} MB/round "
+          f"(swarm); back at it {result['rounds_to_codec_level']} round(s) after the restore; compute-only "
           f"{result['compute_only_steps_per_s']} steps/s per peer")
     print("round   t(s)   len(s)  swarm MB  phase")
     for r in result["rounds"]:

@@ -228,6 +228,8 @@ def test_tag_is_pinned():
     from p2p.wire import registered_tags
 
     assert registered_tags()[66] == "OuterShareQ"
+    assert registered_tags()[67] == "OuterSlice" and registered_tags()[68] == "OuterGather"
+    assert registered_tags()[69] == "CatchUpShare"
 
 
 def test_a_finished_sparseloco_peer_serves_exact_zero_deltas_and_keeps_its_residual():

@@ -25,14 +25,16 @@ class Swarm:
     """Peers on a full graph, a logical clock and a network that can cut a peer off. Every
     message goes through encode/decode; ``sent`` counts the bytes each peer put on the wire."""
 
-    def __init__(self, starts, codec="int4", drop=lambda src, dst, msg: False, timeout_s=10.0, robust=False):
+    def __init__(self, starts, codec="int4", drop=lambda src, dst, msg: False, timeout_s=10.0, robust=False,
+                 outer_lr=0.7, outer_momentum=0.9):
         self.names = [f"p{i}" for i in range(len(starts))]
         self.peers = {}
         for name, start in zip(self.names, starts):
             config = AveragingConfig(round_timeout_s=timeout_s, robust_mixing=robust, compression=codec)
             port = ArrayPort(np.asarray(start, np.float32), KEY, immediate=True)
             self.peers[name] = (port, DiLoCo(config, port, random.Random(0), 0.0,
-                                             DiLoCoConfig(inner_steps=H, outer_lr=0.7, outer_momentum=0.9)))
+                                             DiLoCoConfig(inner_steps=H, outer_lr=outer_lr,
+                                                                          outer_momentum=outer_momentum)))
             self.peers[name][1].self_addr = name  # as p2p.peer.Peer sets it
         self.now = 0.0
         self.cut: set[str] = set()
@@ -134,6 +136,20 @@ def test_a_copy_apart_is_pulled_from_one_donor_and_rounds_return_to_compressed_d
     assert s.kinds["p3"].get("RepairRequest", 0) < 2000
 
 
+def test_without_outer_momentum_the_pull_carries_theta_start_only():
+    # SparseLoCo's outer step (lr 1, momentum 0): the momentum buffer never enters an outer step,
+    # so the pull leaves it out: 4 bytes a parameter, and the copies still end as one.
+    rng = np.random.default_rng(0)
+    s = Swarm(starts(4, apart={3}), codec="sparseloco", outer_lr=1.0, outer_momentum=0.0)
+    for _ in range(4):
+        s.outer_round(rng)
+    p3 = s.alg("p3")
+    assert p3.stats["repairs_started"] == p3.stats["repairs_completed"] == 1
+    served = [s.alg(n).stats["repair_bytes_served"] for n in ("p0", "p1", "p2")]
+    assert sorted(served) == [0, 0, 4 * N] and p3.stats["repair_bytes"] == 4 * N
+    assert agree(s, s.names)
+
+
 def test_the_repaired_model_keeps_its_inner_progress():
     rng = np.random.default_rng(1)
     s = Swarm(starts(3, apart={2}))
@@ -168,9 +184,103 @@ def test_a_peer_cut_off_for_two_rounds_is_repaired_and_the_others_do_not_wait_fo
         s.outer_round(rng)
         per_round.append(sum(s.sent[n] - before[n] for n in s.names))
     assert agree(s, s.names)
-    assert s.alg("p3").stats["repairs_completed"] == 1
+    p3 = s.alg("p3").stats
+    assert p3["repairs_completed"] == 1
     assert sum(s.alg(n).stats["repairs_started"] for n in s.names) == 1
     assert all(b < 4 * 3 * SHARE[codec] * 1.3 for b in per_round[-2:]), per_round
+    if codec == "sparseloco":  # the rounds missed, replayed from one donor's log: a few rounds' shares
+        assert p3["catch_ups_completed"] == 1 and p3["repair_bytes"] < N  # the pull: 6 N
+    else:  # int4: four shares a round outweigh theta_start's half: the pull
+        assert p3["catch_ups_started"] == 0 and p3["repair_bytes"] == 6 * N
+
+
+def cut_and_restore(s, rng, before=3, cut=3, after=5, at_restore=lambda: None):
+    for _ in range(before):
+        s.outer_round(rng)
+    s.cut = {s.names[-1]}
+    for _ in range(cut):
+        s.outer_round(rng)
+    at_restore()
+    s.cut = set()
+    for _ in range(after):
+        s.outer_round(rng)
+
+
+def test_a_catch_up_replays_the_rounds_with_robust_mixing_clipping_as_the_rounds_did():
+    rng = np.random.default_rng(5)
+    s = Swarm(starts(4), codec="sparseloco", robust=True, outer_lr=1.0, outer_momentum=0.0)
+    cut_and_restore(s, rng)
+    p3 = s.alg("p3").stats
+    assert p3["catch_ups_completed"] == 1 and p3["repairs_started"] == 1
+    # float rounding apart at most (each peer sums its own share first, the replay by sender)
+    assert agree(s, s.names) and not sketches_differ(s.alg("p0").outer_parameters, s.alg("p3").outer_parameters)
+
+
+def test_a_donor_without_the_rounds_says_so_and_the_next_round_pulls_once():
+    rng = np.random.default_rng(6)
+    s = Swarm(starts(4), codec="sparseloco")
+
+    def forget():  # the donors lost their logs (a restart, say): every catch-up round is missing
+        for n in ("p0", "p1", "p2"):
+            s.alg(n)._log._sealed.clear()
+
+    cut_and_restore(s, rng, after=6, at_restore=forget)
+    p3 = s.alg("p3").stats
+    assert p3["catch_ups_started"] == 1 and p3["catch_ups_completed"] == 0 and p3["repair_stale"] == 1
+    # Never a second catch-up from the same base: the full pull, once.
+    assert p3["repairs_started"] == 2 and p3["repairs_completed"] == 1 and p3["repair_bytes"] == 6 * N
+    assert agree(s, s.names)
+
+
+def test_a_cut_longer_than_the_log_pulls():
+    from p2p.averaging.outer_catchup import LOG_ROUNDS
+    rng = np.random.default_rng(7)
+    s = Swarm(starts(4), codec="sparseloco")
+    cut_and_restore(s, rng, cut=LOG_ROUNDS + 1)
+    p3 = s.alg("p3").stats
+    assert p3["catch_ups_started"] == 0 and p3["repairs_completed"] == 1 and p3["repair_bytes"] == 6 * N
+    assert agree(s, s.names)
+
+
+def test_lost_catch_up_answers_are_asked_again_a_bounded_number_of_times_then_pulled():
+    from p2p.averaging.outer_catchup import CatchUpRequest, CatchUpShare
+    from p2p.averaging.outer_repair import MAX_ATTEMPTS
+    rng = np.random.default_rng(8)
+    asks = []
+    s = Swarm(starts(4), codec="sparseloco",
+              drop=lambda src, dst, msg: isinstance(msg, CatchUpShare) or (isinstance(msg, CatchUpRequest)
+                                                                           and asks.append(msg.round)))
+    cut_and_restore(s, rng, after=45)  # four attempts, backing off (seconds of simulated time)
+    p3 = s.alg("p3").stats
+    assert p3["catch_ups_started"] == 1 and p3["catch_ups_completed"] == 0
+    # The same round asked again after a deadline (until the donor's log moved past it or
+    # MAX_ATTEMPTS), never more than one round at a time; then the pull.
+    assert 2 <= len(asks) <= MAX_ATTEMPTS and len(set(asks)) == 1
+    assert p3["repairs_completed"] == 1 and p3["repair_bytes"] == 6 * N  # then the pull
+    assert agree(s, s.names)
+
+
+def test_a_hostile_or_unasked_catch_up_share_is_rejected_or_dropped():
+    from p2p.averaging.outer_catchup import CatchUpShare
+    from p2p.compression import make_compressor
+    from p2p.compression.messages import compressed_fields
+    s = Swarm(starts(2), codec="sparseloco")
+    alg = s.alg("p1")
+    q = compressed_fields(make_compressor("sparseloco").compress(np.ones(N, np.float32)))
+    unasked = CatchUpShare(**q, round=0, sender="p0", mixed=("p0", "p1"), model_key=KEY)
+    alg.receive("p0", unasked, 0.0, ["p0"])
+    assert alg.stats["repair_chunks_unasked"] == 1
+    alg._catchup.note_begin(0, alg.outer_parameters, np.zeros(N, np.float32))
+    alg._catchup.note_agreed(0)
+    assert alg._catchup.begin("p0", 2, (alg.outer_parameters, np.zeros(N, np.float32)), 0.0, 1000, 2, 1.0)
+    for bad in (dict(sender="p9"), dict(mixed=("p1", "p0")), dict(mixed=())):
+        with pytest.raises(RemoteProtocolError):
+            alg.receive("p0", CatchUpShare(**{**q, **dict(round=0, sender="p0", mixed=("p0", "p1"),
+                                                         model_key=KEY), **bad}), 0.0, ["p0"])
+    short = compressed_fields(make_compressor("sparseloco").compress(np.ones(N // 2, np.float32)))
+    with pytest.raises(RemoteProtocolError):
+        alg.receive("p0", CatchUpShare(**short, round=0, sender="p0", mixed=("p0", "p1"), model_key=KEY), 0.0, ["p0"])
+    assert alg._catchup.pull is not None and not alg._catchup.pull.got  # nothing taken from them
 
 
 def test_a_failed_repair_never_grows_and_backs_off():
@@ -486,3 +596,47 @@ def test_a_finished_peer_whose_copy_is_apart_repairs_it_while_it_serves():
     assert agree(s, s.names)
     np.testing.assert_allclose(s.peers["p0"][0].x, p0.outer_parameters, atol=1e-4)  # its model is the swarm's
 
+
+
+def test_a_donors_log_follows_its_copy_a_replayed_round_serves_the_swarms_set():
+    # As above with SparseLoCo's shares: p2 averaged round 0 without p3's late share, then
+    # replayed the others' average. Its log (what a catch-up replays from it) must say so too:
+    # round 0 serves all four shares, the late one included, not the set it first took.
+    from p2p.averaging.outer_catchup import CatchUpRequest, CatchUpShare
+    held = []
+
+    def hold(src, dst, msg):
+        if src == "p3" and dst == "p2" and getattr(msg, "round", None) == 0:
+            held.append(msg)
+            return True
+        return False
+
+    s = Swarm(starts(4), codec="sparseloco", drop=hold, timeout_s=2.0)
+    rng = np.random.default_rng(11)
+    s.outer_round(rng)
+    p2 = s.alg("p2")
+
+    def served(alg, round):
+        return alg._log.receive("p9", CatchUpRequest(round, KEY), alg._rounds.round)
+
+    assert {x.msg.sender for x in served(p2, 0)} == {"p0", "p1", "p2"}  # what it averaged
+    for msg in held:
+        p2.receive("p3", msg, s.now, s.others("p2"))
+    s.outer_round(rng)
+    assert p2.stats["repairs_replayed"] == 1
+    out = served(p2, 0)
+    assert all(isinstance(x.msg, CatchUpShare) for x in out)
+    assert [x.msg.sender for x in out] == ["p0", "p1", "p2", "p3"] and out[0].msg.mixed == ("p0", "p1", "p2", "p3")
+
+
+def test_a_pulled_state_drops_the_rounds_before_it_from_the_log():
+    from p2p.averaging.outer_catchup import CatchUpMissing, CatchUpRequest
+    rng = np.random.default_rng(0)
+    s = Swarm(starts(4, apart={3}), codec="sparseloco")  # apart from the start: no base, a pull
+    for _ in range(4):
+        s.outer_round(rng)
+    p3 = s.alg("p3")
+    assert p3.stats["repairs_completed"] == 1 and p3.stats["catch_ups_started"] == 0
+    missing = p3._log.receive("p9", CatchUpRequest(0, KEY), p3._rounds.round)
+    assert [type(x.msg) for x in missing] == [CatchUpMissing]  # its round 0 was not the swarm's
+    assert s.alg("p0")._log.receive("p9", CatchUpRequest(2, KEY), 4)  # the others' still are

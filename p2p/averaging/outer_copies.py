@@ -22,8 +22,10 @@ copies that fell apart; the mending itself (a pull from one donor, ``propagate``
   recomputes their average (clipped as they clipped it: robust mixing there is a function of the
   set, robust.py "One answer for one set") and corrects its copy by the difference:
   d m = d Delta, d theta_start = -lr (1 + mu) d Delta. No model travels.
-- **Else pull** the reference's (theta_start, momentum) from its member with the fastest
-  measured link (outer_repair.py).
+- **Else catch up or pull** from the reference's member with the fastest measured link: replay
+  the rounds since we last agreed from its log of compressed shares when that is small
+  (outer_catchup.py: a few rounds of a sparse codec), else pull its (theta_start, momentum)
+  (outer_repair.py). diloco.py picks which when it takes the outer step.
 - **A pull must still fit.** The pulled state is the donor's as of its round R, carried to ours
   by ``propagate``, which holds only if every outer step we took since R used the donor's
   average. The donor's share of round r names whose Deltas it averaged in round r - 1: the same
@@ -38,7 +40,7 @@ Pure state, no I/O.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -69,13 +71,17 @@ class CopyWatch:
     averages kept for replays, and the repair decided (module docstring). DiLoCo takes the
     decision: ``replay`` (a correction to apply) or ``pull_from`` (a donor to pull from)."""
 
-    def __init__(self, outer_lr: float, outer_momentum: float, robust: RobustMixing, puller: RepairPuller,
-                 monitor: BandwidthMonitor, disagreement: Disagreement, stats: dict[str, int]) -> None:
+    def __init__(self, outer_lr: float, outer_momentum: float, robust: RobustMixing, pullers: Sequence[RepairPuller],
+                 monitor: BandwidthMonitor, disagreement: Disagreement, stats: dict[str, int],
+                 on_agreed: Callable[[int], None] = lambda r: None) -> None:
         self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
-        self.robust, self.puller, self.monitor = robust, puller, monitor
+        # The pull and the catch-up (outer_catchup.py, same surface): at most one repair at a time.
+        self.robust, self.pullers, self.monitor = robust, tuple(pullers), monitor
+        self.on_agreed = on_agreed  # told each round whose sketches put us in the reference group
         self.disagreement, self.stats = disagreement, stats
         self.self_addr: Optional[str] = None  # ours: it names us in the neighbours' ``mixed`` lists
         self.replay: Optional[tuple[int, np.ndarray, np.ndarray]] = None  # (round, d theta_start, d momentum)
+        self.replayed_set: tuple = ()  # (round, the set it averaged) of the last replay decided
         self.pull_from: Optional[str] = None  # the donor to pull from after this outer step
         self.mixed_last: tuple = ()  # whose Deltas our last round averaged (sent with our next share)
         self._fresh_from = 0  # rounds begun before this one compared copies from before a repair
@@ -136,12 +142,14 @@ class CopyWatch:
             if sketches_differ(sketch, their_sketch):
                 self.stats["copies_apart"] += 1
             sketches[src] = (their_sketch, their_step)
-        if not decide or not sketches or r < self._fresh_from or self.puller.active or self.replay is not None:
+        busy = any(p.active for p in self.pullers)
+        if not decide or not sketches or r < self._fresh_from or busy or self.replay is not None:
             return  # one repair at a time
         me = self.self_addr or _SELF
         reference = reference_group({**sketches, me: (sketch, step)}, sketches_differ)
         if me in reference:
             self._agreed_at = r
+            self.on_agreed(r)  # the catch-up's base: this round's start (outer_catchup.py)
             return
         if self._replay_from(r, reference, theirs):
             return
@@ -150,13 +158,14 @@ class CopyWatch:
 
     def _check_pull(self, r: int, theirs: dict) -> None:
         """Drop a pull whose donor's outer steps no longer match ours (module docstring)."""
-        pull = self.puller.pull or self.puller.done
-        if pull is None or r - 1 < pull.round:
-            return
-        named = theirs.get(pull.donor, (None, None, ()))[2]
-        if not named or named != self._mixed_at.get(r - 1):
-            self.stats["repairs_diverged"] += 1
-            self.puller.abandon()
+        for puller in self.pullers:
+            pull = puller.pull or puller.done
+            if pull is None or r - 1 < pull.round:
+                continue
+            named = theirs.get(pull.donor, (None, None, ()))[2]
+            if not named or named != self._mixed_at.get(r - 1):
+                self.stats["repairs_diverged"] += 1
+                puller.abandon()
 
     def _replay_from(self, r: int, reference: set[str], theirs: dict) -> bool:
         """Our copy agreed with the reference group's one round ago, so only round r - 1's
@@ -179,5 +188,6 @@ class CopyWatch:
             average = np.sum(vectors, axis=0, dtype=np.float32) / np.float32(len(vectors))
         d = average - self._averaged[prev]
         self.replay = (r, np.float32(-self.outer_lr * (1 + self.outer_momentum)) * d, d)
+        self.replayed_set = (prev, tuple(lists[0]))
         self.stats["repairs_replayed"] += 1
         return True

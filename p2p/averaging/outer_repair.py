@@ -19,7 +19,9 @@ a pull, sized and scheduled so that it cannot feed on itself:
   answers another.
 - **From whom, what.** From ONE donor of the reference group (the fastest measured link): its
   theta_start in float32 and its outer momentum in float16 (6 bytes per parameter, once;
-  a momentum beyond float16's range goes as float32),
+  a momentum beyond float16's range goes as float32; no momentum at all when the outer
+  momentum coefficient is 0, SparseLoCo's outer step: it never enters an outer step, so the
+  puller asks for theta_start's chunks only and keeps its own buffer, 4 bytes per parameter),
   as of one outer round (the donor captures it when it reaches the round asked for, and
   serves every chunk of the transfer from that capture).
 - **In the background.** ``CHUNK_ENTRIES`` at a time (each chunk is a bulk-stream message),
@@ -125,10 +127,11 @@ def propagate(d_start: np.ndarray, d_momentum: np.ndarray, steps: int, lr: float
         d_start -= np.float32(lr * mu) * d_momentum
 
 
-def chunk_bounds(numel: int) -> list[tuple[int, int]]:
-    """(offset, count) of every chunk of theta_start ‖ momentum; no chunk spans the two."""
+def chunk_bounds(numel: int, momentum: bool = True) -> list[tuple[int, int]]:
+    """(offset, count) of every chunk of theta_start ‖ momentum (theta_start alone without
+    ``momentum``); no chunk spans the two."""
     out = []
-    for base in (0, numel):
+    for base in ((0, numel) if momentum else (0,)):
         out += [(base + o, min(CHUNK_ENTRIES, numel - o)) for o in range(0, numel, CHUNK_ENTRIES)]
     return out
 
@@ -238,8 +241,13 @@ class RepairPuller:
     the donor no longer holds the round, the pull is dropped and the next round's sketches
     decide afresh; so is one whose donor left our neighbours (``drop_if_donor_gone``)."""
 
-    def __init__(self, numel: int, model_key: str, monitor: BandwidthMonitor, stats: dict[str, int]) -> None:
+    def __init__(self, numel: int, model_key: str, monitor: BandwidthMonitor, stats: dict[str, int],
+                 momentum: bool = True) -> None:
         self.numel, self.model_key, self.monitor, self.stats = numel, model_key, monitor, stats
+        # Without outer momentum (mu = 0: SparseLoCo's outer step) the buffer never enters an
+        # outer step (mu m = 0) and ``propagate`` zeroes its difference: the pull leaves it out
+        # (theta_start only: 4 bytes per parameter instead of 6) and keeps ours.
+        self.momentum = momentum
         self.pull: Optional[_Pull] = None
         self.done: Optional[Pulled] = None  # finished, not applied yet
         self._backoff_s = 0.0  # doubles with every failed attempt, this pull's or the last one's
@@ -255,7 +263,8 @@ class RepairPuller:
             return False
         n = self.numel
         self.pull = _Pull(donor, round, own[0].copy(), own[1].copy(), np.empty(n, np.float32),
-                          np.empty(n, np.float32), chunk_bounds(n), retry_at=self._not_before)
+                          np.empty(n, np.float32) if self.momentum else own[1].copy(),
+                          chunk_bounds(n, self.momentum), retry_at=self._not_before)
         self.stats["repairs_started"] += 1
         return True
 

@@ -49,6 +49,7 @@ def repair_summary(avg: dict) -> str:
     if "repairs_started" not in avg:
         return ""
     return (f"repairs {avg['repairs_completed']}/{avg['repairs_started']} ({avg.get('repairs_failed', 0)} failed, "
+            f"{avg.get('catch_ups_completed', 0)} caught up from the rounds' shares, "
             f"{avg.get('repair_rounds', 0)} rounds, {avg.get('repair_bytes', 0) / 1e6:.1f} MB pulled, "
             f"{avg.get('repair_bytes_served', 0) / 1e6:.1f} MB served)")
 

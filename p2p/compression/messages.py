@@ -10,7 +10,7 @@ object sees it. Checking ``numel`` against the local model is the receiving algo
 
 Tags 60..79 belong to compression (append-only): 60 CompressedTensor here; 61..63 CHOCO-gossip
 (p2p/averaging/choco.py); 64..65 compressed AD-PSGD (adpsgd.py); 66 compressed DiLoCo (diloco.py);
-67..68 DiLoCo's reduce-scatter round (outer_scatter.py).
+67..68 DiLoCo's reduce-scatter round (outer_scatter.py); 69 DiLoCo's catch-up shares (outer_catchup.py).
 """
 
 from __future__ import annotations

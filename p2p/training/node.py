@@ -163,7 +163,7 @@ class Node:
                 "consensus": s.get("consensus"), "robust_refused": avg.get("robust_refused", 0),
                 "robust_exclusions": avg.get("robust_exclusions", 0),
                 "repairs": avg.get("repairs_completed"), "repairs_started": avg.get("repairs_started"),
-                "repair_rounds": avg.get("repair_rounds"),
+                "repair_rounds": avg.get("repair_rounds"), "catch_ups": avg.get("catch_ups_completed"),
                 "repair_bytes": avg.get("repair_bytes"), "inner_steps": avg.get("inner_steps"),
                 "rounds_partial": avg.get("rounds_partial"), "late": avg.get("late"),
                 "round_deadline_ms": avg.get("round_deadline_ms")})
