@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.netns]
 
 PREFIX = os.environ.get("TEST_LAB_PREFIX", f"p2pd{os.getpid() % 100000}")
 SUBNET = os.environ.get("TEST_LAB_SUBNET", f"10.79.{os.getpid() % 250}.0/24")
-PEERS, H = 3, 10
+PEERS, H = 3, 25  # H as in our slow-link configuration (bench/slow_links.py p2p-diloco-sparse-h25)
 NUMEL = 2_176_010  # nodes.wide:WideTask
 ARGS = ["--task", "nodes.wide:WideTask", "--steps", "100000", "--eval-every", "1000000", "--log-every", "0",
         "--linger", "0", "--join-timeout", "60", "--membership", "local", "--algorithm", "diloco",
