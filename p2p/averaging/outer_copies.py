@@ -44,7 +44,7 @@ import numpy as np
 
 from p2p.averaging.base import Disagreement
 from p2p.averaging.outer_repair import RepairPuller, reference_group
-from p2p.averaging.robust import RobustMixing, clipped_mean
+from p2p.averaging.robust import RobustMixing, robust_mean
 from p2p.bandwidth import BandwidthMonitor
 
 SKETCH_SIZE = 256  # entries of theta_start in a share's sketch
@@ -171,7 +171,7 @@ class CopyWatch:
             return False
         vectors = [kept[s] for s in lists[0]]
         if self.robust.enabled:  # the reference clipped the same set the same way (robust.py)
-            average, _ = clipped_mean(vectors, self.robust.config.factor)
+            average, _ = robust_mean(vectors, self.robust.config.factor, self.robust.config.trim)
         else:
             average = np.sum(vectors, axis=0, dtype=np.float32) / np.float32(len(vectors))
         d = average - self._averaged[prev]

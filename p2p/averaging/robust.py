@@ -50,11 +50,24 @@ Byzantine Robust Optimization", ICML 2021, Sec. 3) with the centre at zero and t
 the round's own median: first refuse any vector whose norm is beyond ``refuse_factor`` x tau
 (tau = ``factor`` x the median norm of all of them, ours included, zeros left out: a finished
 peer's; a strike, as above), then clip the rest to ``factor`` x the median norm of what is
-left and take the plain mean
-(``clipped_mean``). Every peer that got the same shares computes the same step; a peer that
-missed one can recompute the reference's step from the senders it names (DiLoCo's replay
-repair). A pseudo-gradient scaled by 100 is refused; noise or a sign flip of a plausible norm
-passes clipped to tau, as it did around our own vector.
+left, and take their coordinate-wise trimmed mean (``robust_mean``): per coordinate, drop the
+``trim`` share of lowest and of highest values (floor(0.25 n): 1 of 5, 2 of 8) and average the
+rest (Yin, Chen, Ramchandran, Bartlett, "Byzantine-Robust Distributed Learning: Towards Optimal
+Statistical Rates", ICML 2018, Sec. 3, the trimmed mean with beta = ``trim``). Every peer that
+got the same shares computes the same step, bit for bit (each coordinate's values are sorted
+before they are summed, so neither the order of arrival nor a replay's order matters); a peer
+that missed one can recompute the reference's step from the senders it names (DiLoCo's replay
+repair). A pseudo-gradient scaled by 100 is refused by norm. Noise or a sign flip of a
+plausible norm passes the norm screen (a negated pseudo-gradient has exactly an honest one's
+norm), and clipping alone let it through: with 1 of 5 sign-flipped the mean shrank to
+(4 - 1) / 5 = 0.6x the honest one, with 2 of 8 to 0.5x, every outer step. The trimmed mean
+drops it wherever it sits outside the honest values (a coordinate where the honest ones agree
+on a sign), and where it sits among them it can move the
+mean by no more than the honest spread; as long as at most ``trim`` x n senders are hostile.
+The cost to an honest swarm: each coordinate averages the middle 3 of 5 values (4 of 8); for
+Gaussian spread that mean's variance is 1.13x (1.18x) the full mean's (measured, 200,000 draws),
+the mean of 4.4 peers of 5 (6.8 of 8). A set of 3 or fewer is not trimmed (the median alone
+would be left, at 1.35x the variance).
 """
 
 from __future__ import annotations
@@ -81,6 +94,7 @@ class RobustConfig:
     floor: float = 0.01  # tau never below floor x own norm
     refuse_factor: float = 4.0  # beyond refuse_factor x tau ...
     refuse_relative: float = 1.0  # ... and farther from us than our own norm: refused
+    trim: float = 0.25  # consistent rounds: per coordinate, this share dropped at each end
     strikes: int = 3  # refusals in a row that exclude a peer
     cooldown_s: float = 30.0  # first exclusion; doubles per further exclusion
     max_cooldown_s: float = 600.0
@@ -88,10 +102,12 @@ class RobustConfig:
     def __post_init__(self) -> None:
         if not (self.factor > 0 and self.window >= 1 and self.warmup >= 1 and self.warmup_relative > 0
                 and self.floor >= 0 and self.refuse_factor >= 1 and self.refuse_relative >= 0
+                and 0 <= self.trim < 0.5
                 and self.strikes >= 1 and 0 < self.cooldown_s <= self.max_cooldown_s):
             raise ValueError(f"inconsistent robust mixing settings: {self}")
 
 
+TRIM_BLOCK = 1 << 16  # coordinates ``robust_mean`` sorts at a time
 REFUSED = 0.0  # the factor ``screen`` returns for a refused vector
 
 
@@ -175,7 +191,7 @@ class RobustMixing:
         return factors
 
     def screen_set(self, channel: str, norms: Sequence[tuple[str, float]], now: float) -> set[str]:
-        """The refusals of a *consistent* round (``clipped_mean``, module docstring "One answer
+        """The refusals of a *consistent* round (``robust_mean``, module docstring "One answer
         for one set"): the senders whose vector's norm is beyond ``refuse_factor`` x tau, tau
         taken from every norm of the round, ours included (``norms`` lists ours too, under a key
         that is never refused: the caller leaves it out of the result). Strikes and exclusions as
@@ -244,22 +260,37 @@ class RobustMixing:
                 "offenders": offenders}
 
 
-def clipped_mean(vectors: Sequence[np.ndarray], factor: float) -> tuple[np.ndarray, int]:
-    """The mean of ``vectors``, each first clipped to norm tau = ``factor`` x the median of
-    their norms (module docstring, "One answer for one set"); and how many were clipped. A
-    function of the set alone: whoever holds the same vectors gets the same mean, bit for bit
-    when summed in the same order (callers sort by sender)."""
+def robust_mean(vectors: Sequence[np.ndarray], factor: float, trim: float) -> tuple[np.ndarray, int]:
+    """The consistent rounds' aggregate (module docstring, "One answer for one set"): each
+    vector first clipped to norm tau = ``factor`` x the median of their norms, then per
+    coordinate the ``trimmed_count`` lowest and highest values dropped and the rest averaged;
+    and how many vectors were clipped. A function of the set alone, bit for bit: the values of
+    each coordinate are sorted before they are summed, so the order the vectors come in (the
+    round's, a replay's) changes nothing."""
     norms = [float(np.linalg.norm(v)) for v in vectors]
     tau = factor * median_of_nonzero(norms)
-    total = np.zeros_like(vectors[0])
-    clipped = 0
-    for v, n in zip(vectors, norms):
-        if n > tau > 0:
-            total += np.float32(tau / n) * v
-            clipped += 1
-        else:
-            total += v
-    return total / np.float32(len(vectors)), clipped
+    scales = [np.float32(tau / n) if n > tau > 0 else None for n in norms]
+    flat = [v.reshape(-1) for v in vectors]
+    n, size = len(vectors), flat[0].size
+    b = trimmed_count(n, trim)
+    out = np.empty(size, dtype=np.float32)
+    # A block of coordinates at a time, one row per coordinate and one column per vector (the
+    # sort runs along contiguous rows): the scratch stays small however large the model.
+    table = np.empty((min(size, TRIM_BLOCK), n), dtype=np.float32)
+    for lo in range(0, size, TRIM_BLOCK):
+        hi = min(lo + TRIM_BLOCK, size)
+        rows = table[:hi - lo]
+        for k, (v, scale) in enumerate(zip(flat, scales)):
+            rows[:, k] = v[lo:hi] if scale is None else scale * v[lo:hi]
+        rows.sort(axis=1)
+        np.divide(rows[:, b:n - b].sum(axis=1, dtype=np.float32), np.float32(n - 2 * b), out=out[lo:hi])
+    return out.reshape(vectors[0].shape), sum(s is not None for s in scales)
+
+
+def trimmed_count(n: int, trim: float) -> int:
+    """How many values ``robust_mean`` drops at each end of a coordinate among ``n``:
+    floor(``trim`` x n), and always at least one kept (1 of 5 and 2 of 8 at 0.25)."""
+    return min(int(trim * n), (n - 1) // 2)
 
 
 def median_of_nonzero(norms: Sequence[float]) -> float:

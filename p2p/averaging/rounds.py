@@ -56,7 +56,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from p2p.averaging.base import Disagreement, state_int, staleness_weight
-from p2p.averaging.robust import REFUSED, RobustMixing, clipped_mean
+from p2p.averaging.robust import REFUSED, RobustMixing, robust_mean
 from p2p.protocol import RemoteProtocolError
 
 INF = float("inf")
@@ -309,7 +309,7 @@ class NeighbourRounds:
                 mixed.append(mine)
                 continue
             vectors = [mine] + theirs + [mine] * (len(entries) - len(theirs))
-            mean, clipped = clipped_mean(vectors, self.robust.config.factor)
+            mean, clipped = robust_mean(vectors, self.robust.config.factor, self.robust.config.trim)
             self.stats["robust_clipped"] += clipped
             mixed.append(mean)
         return tuple(mixed), refused, entries
