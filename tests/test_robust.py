@@ -15,7 +15,7 @@ from p2p.averaging.base import AveragingConfig
 from p2p.averaging.diloco import DiLoCo, DiLoCoConfig
 from p2p.averaging.hostile import HOSTILE_MODES, Hostile
 from p2p.averaging.registry import make_averager
-from p2p.averaging.robust import REFUSED, RobustConfig, RobustMixing, robust_mean, trimmed_count
+from p2p.averaging.robust import REFUSED, RobustConfig, RobustMixing, robust_mean
 from p2p.config import SettingError, swarm_config
 from p2p.gossip import ALIVE, Membership, MembershipConfig
 from p2p.peer import Peer
@@ -216,9 +216,9 @@ def test_diloco_refuses_a_scaled_pseudo_gradient_and_mixes_the_honest_ones():
             for s in out:
                 if s.to == name:
                     alg.receive(src, s.msg, 0.01, [n for n in names if n != name])
-    # The refused one left out, the four honest ones' trimmed mean (1 of 4 dropped each side
-    # per coordinate, robust.py "One answer for one set"), the same for every honest peer.
-    honest_mean = np.sort(np.stack(deltas[:4]), axis=0)[1:3].mean(axis=0)
+    # DiLoCo on full mixes the plain average of the shares it took (rounds.py, ``uniform``):
+    # the refused one left out, every honest peer takes the same step, on the honest mean.
+    honest_mean = np.mean(deltas[:4], axis=0)
     steps = []
     for port, alg in peers[:4]:
         assert alg.may_step(2, 0.02) and alg.stats["robust_refused"] == 1
@@ -232,27 +232,28 @@ def test_the_consistent_screen_ignores_finished_peers_zeros_and_still_refuses_a_
     # pseudo-gradients. Their zeros must not shrink the radius to nothing (every peer still
     # training was refused: bench/hostile.py's clean run), and a x100 one is still refused.
     rng = np.random.default_rng(5)
-    h = [rng.normal(size=64).astype(np.float32) for _ in range(3)]
+    g = rng.normal(size=64).astype(np.float32)
+    h = [g + 0.3 * rng.normal(size=64).astype(np.float32) for _ in range(3)]  # estimates of one pseudo-gradient
     zero = np.zeros(64, np.float32)
     robust = RobustMixing(True, {})
     norms = [("a", 0.0), ("b", 0.0), ("c", 0.0), ("d", float(np.linalg.norm(h[0]))), ("", float(np.linalg.norm(h[1])))]
     assert robust.screen_set("delta", norms, 0.0) == set()
-    mean, clipped = robust_mean([zero, zero, zero, h[0], h[1]], 2.0, trim=0.0)
+    mean, clipped, opposed = robust_mean([zero, zero, zero, h[0], h[1]], 2.0)
     np.testing.assert_allclose(mean, (h[0] + h[1]) / 5, rtol=1e-6)
-    assert clipped == 0
+    assert clipped == opposed == 0
     norms[2] = ("c", 100 * float(np.linalg.norm(h[2])))
     assert robust.screen_set("delta", norms, 0.0) == {"c"}
     assert robust.stats["robust_refused"] == 1
     # The same set gives the same answer to whoever holds it, in any order.
-    a, n1 = robust_mean([h[0], 5 * h[1], h[2]], 2.0, 0.25)
-    b, n2 = robust_mean([h[2], h[0], 5 * h[1]], 2.0, 0.25)
+    a, n1, _ = robust_mean([h[0], 5 * h[1], h[2]], 2.0)
+    b, n2, _ = robust_mean([h[2], h[0], 5 * h[1]], 2.0)
     np.testing.assert_array_equal(a, b)  # bit for bit
     assert n1 == n2 == 1
 
 
 def pseudo_gradients(honest: int, hostile: int, mode: str, seed: int, spread: float = 0.3):
-    """``honest`` noisy estimates of one pseudo-gradient g, then ``hostile`` more that a hostile
-    peer corrupts on the way out (p2p/averaging/hostile.py); and g."""
+    """``honest`` noisy estimates of one pseudo-gradient g (noise ``spread`` x g's norm), then
+    ``hostile`` more that a hostile peer corrupts on the way out (p2p/averaging/hostile.py); and g."""
     rng = np.random.default_rng(seed)
     g = rng.normal(size=4096).astype(np.float32)
     vs = [g + np.float32(spread) * rng.normal(size=g.size).astype(np.float32) for _ in range(honest + hostile)]
@@ -260,51 +261,59 @@ def pseudo_gradients(honest: int, hostile: int, mode: str, seed: int, spread: fl
     return vs[:honest] + [bad.corrupt(v) for v in vs[honest:]], g
 
 
+def clipped_mean(vs):
+    """The rule before: clipped to 2x the median norm, then the plain mean."""
+    norms = [float(np.linalg.norm(v)) for v in vs]
+    tau = 2.0 * float(np.median(norms))
+    return np.mean([v * min(1.0, tau / n) for v, n in zip(vs, norms)], axis=0)
+
+
+# Late in a DiLoCo run the honest pseudo-gradients of the synthetic task are as far from each
+# other as from zero (spread ~1.3: measured, 5 workers, H = 20); early ~0.4.
+@pytest.mark.parametrize("spread", [0.3, 1.3, 3.0])
 @pytest.mark.parametrize("peers, hostile", [(5, 1), (8, 2)])
-@pytest.mark.parametrize("mode", ["signflip", "noise"])
-def test_the_trimmed_mean_keeps_a_plausible_norm_attack_out_of_the_outer_step(peers, hostile, mode):
-    # A negated pseudo-gradient has an honest norm, and noise scaled to one too: the norm screen
-    # passes both, and the clipped mean alone took (4 - 1) / 5 = 0.6x the honest step with one
-    # sign-flipper of 5 (0.5x with 2 of 8). Per coordinate the trimmed mean drops them.
-    trim = RobustConfig().trim
-    assert trimmed_count(peers, trim) == hostile
+def test_a_sign_flipped_pseudo_gradient_is_left_out_of_the_outer_step(peers, hostile, spread):
+    # A negated pseudo-gradient has an honest norm: the norm screen passes it, and the clipped
+    # mean took (4 - 1) / 5 = 0.6x the honest step with one sign-flipper of 5 (0.5x with 2 of 8).
     for seed in range(3):
-        vs, g = pseudo_gradients(peers - hostile, hostile, mode, seed)
+        vs, g = pseudo_gradients(peers - hostile, hostile, "signflip", seed, spread)
         honest = np.mean(vs[:peers - hostile], axis=0)
         scale = float(np.linalg.norm(honest))
-        robust, _ = robust_mean(vs, 2.0, trim)
-        plain, _ = robust_mean(vs, 2.0, 0.0)  # the rule before: clipped to 2x the median norm, then the mean
-        assert np.linalg.norm(robust - honest) < 0.15 * scale
-        assert np.linalg.norm(plain - honest) > 0.25 * scale
-        # as close to the true pseudo-gradient as the honest ones' own mean, give or take
-        assert np.linalg.norm(robust - g) < 1.5 * np.linalg.norm(honest - g)
-        if mode == "signflip":
-            assert float(robust @ honest) / scale**2 > 0.85  # the step keeps its length (it was 0.6x / 0.5x)
-            assert float(plain @ honest) / scale**2 < 0.65
+        robust, clipped, opposed = robust_mean(vs, 2.0)
+        plain = clipped_mean(vs)
+        assert float(plain @ honest) / scale**2 < 0.75
+        assert opposed == hostile and clipped == 0
+        np.testing.assert_allclose(robust, honest, rtol=1e-4, atol=1e-5 * scale)  # the honest mean, exactly
 
 
-def test_the_trimmed_mean_costs_an_honest_set_little_and_trims_nothing_below_four():
-    for peers in (4, 5, 8):
-        vs, g = pseudo_gradients(peers, 0, "noise", seed=peers)
-        mean = np.mean(vs, axis=0)
-        robust, clipped = robust_mean(vs, 2.0, RobustConfig().trim)
-        assert clipped == 0 and np.linalg.norm(robust - mean) < 0.1 * np.linalg.norm(mean)
-        assert np.linalg.norm(robust - g) < 1.3 * np.linalg.norm(mean - g)
-    assert [trimmed_count(n, 0.25) for n in range(1, 10)] == [0, 0, 0, 1, 1, 1, 1, 2, 2]
-    vs, _ = pseudo_gradients(3, 0, "noise", seed=3)
-    np.testing.assert_allclose(robust_mean(vs, 2.0, 0.25)[0], np.mean(vs, axis=0), rtol=1e-5, atol=1e-6)
+def test_noise_of_an_honest_norm_moves_the_step_no_more_than_the_clipped_mean_did():
+    for seed in range(3):
+        vs, g = pseudo_gradients(4, 1, "noise", seed)
+        honest = np.mean(vs[:4], axis=0)
+        robust, _, _ = robust_mean(vs, 2.0)
+        assert np.linalg.norm(robust - honest) <= np.linalg.norm(clipped_mean(vs) - honest) * (1 + 1e-6)
 
 
-def test_the_trimmed_mean_is_one_answer_for_one_set_in_any_order():
+@pytest.mark.parametrize("spread", [0.3, 1.3, 3.0])
+def test_an_honest_set_is_averaged_as_it_is(spread):
+    for peers in (3, 4, 5, 8):
+        vs, _ = pseudo_gradients(peers, 0, "noise", seed=peers, spread=spread)
+        robust, clipped, opposed = robust_mean(vs, 2.0)
+        assert clipped == opposed == 0
+        np.testing.assert_allclose(robust, np.mean(vs, axis=0), rtol=1e-5, atol=1e-5)
+
+
+def test_the_robust_mean_is_one_answer_for_one_set_in_any_order():
     # DiLoCo's copies stay equal only if every peer takes the same outer step from the same
     # shares, bit for bit, whatever order they came in (a replay sums them in another order).
     vs, _ = pseudo_gradients(6, 2, "signflip", seed=7)
     vs[0] = 5 * vs[0]  # one clipped too
-    first, clipped = robust_mean(vs, 2.0, 0.25)
-    assert clipped == 1
+    vs.append(vs[1].copy())  # a copy (ours, for a sender that left its vector out)
+    first, clipped, opposed = robust_mean(vs, 2.0)
+    assert clipped == 1 and opposed == 2
     for seed in range(5):
         order = np.random.default_rng(seed).permutation(len(vs))
-        again, _ = robust_mean([vs[k] for k in order], 2.0, 0.25)
+        again, _, _ = robust_mean([vs[k] for k in order], 2.0)
         np.testing.assert_array_equal(first, again)
 
 
@@ -355,11 +364,8 @@ def converged(r, consensus, gap):
     return c <= consensus and g <= gap
 
 
-# DiLoCo's trimmed mean (robust.py, "One answer for one set") is biased where the peers' own
-# optima differ this much (centres 1 +- 1 per coordinate): 0.054 here against 0.046 with the
-# clipped mean alone; the shards of a real run are i.i.d.
 @pytest.mark.parametrize("algorithm, topology, gap", [
-    ("adpsgd", "full", 0.01), ("dpsgd", "exponential", 0.01), ("sgp", None, 0.03), ("diloco", "full", 0.06),
+    ("adpsgd", "full", 0.01), ("dpsgd", "exponential", 0.01), ("sgp", None, 0.03), ("diloco", "full", 0.05),
     ("elastic", "random", 0.01), ("gossipgrad", "hypercube", 0.03), ("choco", "ring", 0.03)])
 def test_one_peer_sending_its_model_x100_cannot_stop_the_honest_peers_converging(algorithm, topology, gap):
     r = run(algorithm, topology, peers=8, steps=150, seed=1, lr_decay_steps=10, hostile=(7,), hostile_mode="scale100")
