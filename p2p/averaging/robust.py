@@ -68,8 +68,8 @@ of the others it points the wrong way however noisy the honest pseudo-gradients 
 synthetic task, 5 workers, H = 20, they are 0.4x their mean's norm apart early and 1.3x late),
 as long as the honest ones are a majority (only a minority may be left out). In one process
 (bench/hostile_offline.py: bench/hostile.py's setup without the network, 5 workers, 300
-steps, seed 0) held-out accuracy was 0.801 clean, 0.774 with one sign-flipper under the clipped mean, and 0.801 under this
-rule (noise instead: 0.799).
+steps, seed 0) held-out accuracy was 0.801 clean, 0.774 with one sign-flipper under the
+clipped mean, and 0.801 under this rule (noise instead: 0.799).
 
 Not a coordinate-wise trimmed mean (Yin et al., ICML 2018), although it also drops the sign
 flip wherever the honest values agree: on i.i.d. shards it cost nothing (0.803), but where the
