@@ -125,7 +125,9 @@ Robust mixing (``robust_mixing``, on by default; p2p/averaging/robust.py). On ``
 round per outer step) it must give every peer that got the same shares the same outer step, or
 each clipping splits the copies (issue 16, seen in the lab): a share whose pseudo-gradient's
 norm is far beyond the round's median is refused, the rest clipped to a radius from that
-median, and the mean taken (robust.py, "One answer for one set"). On sparse graphs (theta_start
+median, a minority that points against the sum of the others left out (a sign-flipped
+pseudo-gradient has an honest norm), and the mean of the rest taken (robust.py, "One answer for
+one set"). On sparse graphs (theta_start
 mixed every round) each neighbour's vectors are screened around ours, after ClippedGossip. A
 refused share's sketch asks for no repair.
 

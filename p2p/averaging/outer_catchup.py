@@ -61,7 +61,7 @@ import numpy as np
 
 from p2p.averaging.outer_repair import (ASSUMED_RATE_BPS, DEADLINE_SLACK, MAX_ATTEMPTS, MAX_BACKOFF_S,
                                         MIN_DEADLINE_S, Pulled)
-from p2p.averaging.robust import RobustMixing, clipped_mean
+from p2p.averaging.robust import RobustMixing, robust_mean
 from p2p.bandwidth import BandwidthMonitor
 from p2p.compression import decompress
 from p2p.compression.codecs import Compressed
@@ -102,9 +102,9 @@ class CatchUpShare(CompressedFields):
 
 def replay_round(vectors: Sequence[np.ndarray], robust: RobustMixing) -> np.ndarray:
     """The average a round took over these decoded Deltas (sorted by sender), as the round
-    mixed it: robust mixing's clipped mean, or the plain mean."""
+    mixed it: robust mixing's ``robust_mean`` (the same bits whatever the order), or the plain mean."""
     if robust.enabled:
-        return clipped_mean(vectors, robust.config.factor)[0]
+        return robust_mean(vectors, robust.config.factor)[0]
     return np.sum(vectors, axis=0, dtype=np.float32) / np.float32(len(vectors))
 
 

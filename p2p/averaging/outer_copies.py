@@ -19,8 +19,8 @@ copies that fell apart; the mending itself (a pull from one donor, ``propagate``
   round averaged (``mixed``; empty when staleness weights were used), and each peer keeps the
   decoded Deltas of the last two rounds, late ones included (``REPLAY_BUDGET_BYTES`` at most). A
   peer that agreed with the reference one round ago and holds every Delta the reference averaged
-  recomputes their average (clipped as they clipped it: robust mixing there is a function of the
-  set, robust.py "One answer for one set") and corrects its copy by the difference:
+  recomputes their average (clipped and screened as they did it: robust mixing there is a
+  function of the set, robust.py "One answer for one set") and corrects its copy by the difference:
   d m = d Delta, d theta_start = -lr (1 + mu) d Delta. No model travels.
 - **Else catch up or pull** from the reference's member with the fastest measured link: replay
   the rounds since we last agreed from its log of compressed shares when that is small
@@ -46,7 +46,7 @@ import numpy as np
 
 from p2p.averaging.base import Disagreement
 from p2p.averaging.outer_repair import RepairPuller, reference_group
-from p2p.averaging.robust import RobustMixing, clipped_mean
+from p2p.averaging.robust import RobustMixing, robust_mean
 from p2p.bandwidth import BandwidthMonitor
 
 SKETCH_SIZE = 256  # entries of theta_start in a share's sketch
@@ -183,7 +183,7 @@ class CopyWatch:
             return False
         vectors = [kept[s] for s in lists[0]]
         if self.robust.enabled:  # the reference clipped the same set the same way (robust.py)
-            average, _ = clipped_mean(vectors, self.robust.config.factor)
+            average, _, _ = robust_mean(vectors, self.robust.config.factor)
         else:
             average = np.sum(vectors, axis=0, dtype=np.float32) / np.float32(len(vectors))
         d = average - self._averaged[prev]

@@ -50,11 +50,35 @@ Byzantine Robust Optimization", ICML 2021, Sec. 3) with the centre at zero and t
 the round's own median: first refuse any vector whose norm is beyond ``refuse_factor`` x tau
 (tau = ``factor`` x the median norm of all of them, ours included, zeros left out: a finished
 peer's; a strike, as above), then clip the rest to ``factor`` x the median norm of what is
-left and take the plain mean
-(``clipped_mean``). Every peer that got the same shares computes the same step; a peer that
-missed one can recompute the reference's step from the senders it names (DiLoCo's replay
-repair). A pseudo-gradient scaled by 100 is refused; noise or a sign flip of a plausible norm
-passes clipped to tau, as it did around our own vector.
+left; leave out a minority of vectors that point against the sum of the others (a negative dot
+product); and take the mean of the rest (``robust_mean``). The direction test is FLTrust's
+trust score (Cao, Fang, Liu, Gong, "FLTrust: Byzantine-robust Federated Learning via Trust
+Bootstrapping", NDSS 2021, Sec. 4: weight ReLU(cos(g_i, g_0)), so a negative cosine weighs
+nothing) with the sum of the other shares standing in for the server's root gradient g_0, and
+0/1 weights so that the honest ones still count equally (the mean stays the mean when nobody
+is left out). Every peer that got the same shares computes the same step, bit for bit (the
+vectors are summed in an order that depends on them alone, and each one is judged on its own
+against that sum), and a peer that missed one can recompute the reference's step from the
+senders it names (DiLoCo's replay repair).
+
+Why the direction test. A pseudo-gradient scaled by 100 is refused by norm. A sign flip has
+exactly an honest norm, and clipping let it through: with 1 of 5 sign-flipped the mean shrank
+to (4 - 1) / 5 = 0.6x the honest one, with 2 of 8 to 0.5x, every outer step. Against the sum
+of the others it points the wrong way however noisy the honest pseudo-gradients are (on the
+synthetic task, 5 workers, H = 20, they are 0.4x their mean's norm apart early and 1.3x late),
+as long as the honest ones are a majority (only a minority may be left out). In one process
+(bench/hostile_offline.py: bench/hostile.py's setup without the network, 5 workers, 300
+steps, seed 0) held-out accuracy was 0.801 clean, 0.774 with one sign-flipper under the
+clipped mean, and 0.801 under this rule (noise instead: 0.799).
+
+Not a coordinate-wise trimmed mean (Yin et al., ICML 2018), although it also drops the sign
+flip wherever the honest values agree: on i.i.d. shards it cost nothing (0.803), but where the
+peers' optima differ (the simulator's quadratics, tests/test_robust.py) it pulled the outer
+step towards the median optimum and doubled the optimality gap of an honest swarm of 8 (0.095
+against 0.045), while the direction test left it as it was (0.046). Noise of an honest norm
+passes (its direction is random), clipped like any share; it moved the honest swarms less
+than a sign flip did (bench/hostile.py). With 1 hostile of 3 the others' sum of an honest
+vector cancels out, and nothing protects beyond clipping.
 """
 
 from __future__ import annotations
@@ -104,7 +128,7 @@ class RobustMixing:
         self.config = config
         self.enabled = config.enabled
         self.stats = stats
-        for key in ("robust_clipped", "robust_refused", "robust_exclusions", "robust_dropped"):
+        for key in ("robust_clipped", "robust_refused", "robust_exclusions", "robust_dropped", "robust_opposed"):
             stats.setdefault(key, 0)
         self._history: dict[str, deque] = {}
         self._strikes: dict[str, int] = {}
@@ -175,7 +199,7 @@ class RobustMixing:
         return factors
 
     def screen_set(self, channel: str, norms: Sequence[tuple[str, float]], now: float) -> set[str]:
-        """The refusals of a *consistent* round (``clipped_mean``, module docstring "One answer
+        """The refusals of a *consistent* round (``robust_mean``, module docstring "One answer
         for one set"): the senders whose vector's norm is beyond ``refuse_factor`` x tau, tau
         taken from every norm of the round, ours included (``norms`` lists ours too, under a key
         that is never refused: the caller leaves it out of the result). Strikes and exclusions as
@@ -244,22 +268,39 @@ class RobustMixing:
                 "offenders": offenders}
 
 
-def clipped_mean(vectors: Sequence[np.ndarray], factor: float) -> tuple[np.ndarray, int]:
-    """The mean of ``vectors``, each first clipped to norm tau = ``factor`` x the median of
-    their norms (module docstring, "One answer for one set"); and how many were clipped. A
-    function of the set alone: whoever holds the same vectors gets the same mean, bit for bit
-    when summed in the same order (callers sort by sender)."""
+def robust_mean(vectors: Sequence[np.ndarray], factor: float) -> tuple[np.ndarray, int, int]:
+    """The consistent rounds' aggregate (module docstring, "One answer for one set"): each
+    vector clipped to norm tau = ``factor`` x the median of their norms; a minority of them that
+    point against the sum of the others (a negative dot product) left out; the mean of the rest.
+    Returns it, how many vectors were clipped and how many left out as opposed. A function of
+    the set alone: the vectors are summed in an order of their own (``_canonical``), so whoever
+    holds the same set, in whatever order it came (the round's, a replay's), gets the same bits."""
     norms = [float(np.linalg.norm(v)) for v in vectors]
     tau = factor * median_of_nonzero(norms)
-    total = np.zeros_like(vectors[0])
-    clipped = 0
-    for v, n in zip(vectors, norms):
-        if n > tau > 0:
-            total += np.float32(tau / n) * v
-            clipped += 1
-        else:
-            total += v
-    return total / np.float32(len(vectors)), clipped
+    scales = [tau / n if n > tau > 0 else None for n in norms]
+    clipped = [v if s is None else np.float32(s) * v for v, s in zip(vectors, scales)]
+    order = _canonical(clipped, norms)
+    total = _sum(clipped, order)
+    opposed = {k for k in order if float(np.vdot(clipped[k], total - clipped[k])) < 0}
+    if opposed and 2 * len(opposed) < len(vectors):
+        total = _sum(clipped, [k for k in order if k not in opposed])
+    else:
+        opposed = set()
+    return total / np.float32(len(vectors) - len(opposed)), sum(s is not None for s in scales), len(opposed)
+
+
+def _canonical(vectors: Sequence[np.ndarray], norms: Sequence[float]) -> list[int]:
+    """An order that depends on the vectors alone: by norm, then by their first entries (equal
+    keys: equal vectors in practice, a copy of ours for each sender that left its vector out,
+    whose order changes no sum)."""
+    return sorted(range(len(vectors)), key=lambda k: (norms[k], vectors[k].reshape(-1)[:16].tobytes()))
+
+
+def _sum(vectors: Sequence[np.ndarray], order: Sequence[int]) -> np.ndarray:
+    total = np.zeros_like(vectors[order[0]] if order else vectors[0])
+    for k in order:
+        total += vectors[k]
+    return total
 
 
 def median_of_nonzero(norms: Sequence[float]) -> float:

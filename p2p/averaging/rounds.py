@@ -61,7 +61,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from p2p.averaging.base import Disagreement, state_int, staleness_weight
-from p2p.averaging.robust import REFUSED, RobustMixing, clipped_mean
+from p2p.averaging.robust import REFUSED, RobustMixing, robust_mean
 from p2p.averaging.round_deadline import RoundDeadline
 from p2p.protocol import RemoteProtocolError
 
@@ -317,8 +317,9 @@ class NeighbourRounds:
     def _mix_consistent(self, box: dict[str, Entry], own: tuple[np.ndarray, ...], now: float):
         """Robust mixing that every peer holding the same vectors agrees on (``uniform`` rounds,
         p2p/averaging/robust.py "One answer for one set"): per vector, refuse senders by norm
-        against the round's median, then the clipped mean of ours and the rest. A sender that
-        left a vector out ("same as mine") counts as ours for it."""
+        against the round's median, then ``robust_mean`` of ours and the rest (clipped, a
+        minority pointing against the others left out). A sender that left a vector out ("same as mine") counts as ours
+        for it."""
         refused: set[str] = set()
         for k, mine in enumerate(own):
             norms = [(src, float(np.linalg.norm(e.payload[k]))) for src, e in box.items()
@@ -335,8 +336,9 @@ class NeighbourRounds:
                 mixed.append(mine)
                 continue
             vectors = [mine] + theirs + [mine] * (len(entries) - len(theirs))
-            mean, clipped = clipped_mean(vectors, self.robust.config.factor)
+            mean, clipped, opposed = robust_mean(vectors, self.robust.config.factor)
             self.stats["robust_clipped"] += clipped
+            self.stats["robust_opposed"] += opposed
             mixed.append(mean)
         return tuple(mixed), refused, entries
 
