@@ -303,7 +303,8 @@ class DiLoCo(AsynchronousHooks):
         self._overlap = self.options.overlap and not self._params_every_round
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement,
                                        robust=self.robust, channels=("params", "delta", "momentum"),
-                                       uniform=not self._params_every_round)
+                                       uniform=not self._params_every_round,
+                                       direction_test=not self.options.reduce_scatter)  # robust.py, robust_mean
         self._start = port.snapshot()  # theta_start: the model before the first inner step
         self._positions = sketch_positions(self._start.size)
         self._sketch = self._start[self._positions]  # ours, of the round in flight

@@ -97,8 +97,10 @@ class NeighbourRounds:
     def __init__(self, timeout_s: float, stats: dict[str, int], prefix: str = "",
                  disagreement: Optional[Disagreement] = None, model_index: int = 0,
                  robust: Optional[RobustMixing] = None, channels: tuple[str, ...] = (),
-                 uniform: bool = False, link_deadline: Optional[RoundDeadline] = None) -> None:
+                 uniform: bool = False, link_deadline: Optional[RoundDeadline] = None,
+                 direction_test: bool = True) -> None:
         self.timeout_s = timeout_s
+        self.direction_test = direction_test  # robust_mean's direction test (off for reduce-scatter slices)
         # The deadline of a round begun without an explicit ``timeout_s``: from the link
         # (round_deadline.py), or the constant ``timeout_s`` without one.
         self.link_deadline = link_deadline
@@ -336,7 +338,7 @@ class NeighbourRounds:
                 mixed.append(mine)
                 continue
             vectors = [mine] + theirs + [mine] * (len(entries) - len(theirs))
-            mean, clipped, opposed = robust_mean(vectors, self.robust.config.factor)
+            mean, clipped, opposed = robust_mean(vectors, self.robust.config.factor, self.direction_test)
             self.stats["robust_clipped"] += clipped
             self.stats["robust_opposed"] += opposed
             mixed.append(mean)
