@@ -243,19 +243,19 @@ def test_a_cut_longer_than_the_log_pulls():
 
 
 def test_lost_catch_up_answers_are_asked_again_a_bounded_number_of_times_then_pulled():
-    from p2p.averaging.outer_catchup import CatchUpRequest, CatchUpShare
-    from p2p.averaging.outer_repair import MAX_ATTEMPTS
+    from p2p.averaging.donor_pull import MAX_ATTEMPTS
+    from p2p.averaging.outer_catchup import CatchUpRange, CatchUpShare
     rng = np.random.default_rng(8)
     asks = []
     s = Swarm(starts(4), codec="sparseloco",
-              drop=lambda src, dst, msg: isinstance(msg, CatchUpShare) or (isinstance(msg, CatchUpRequest)
-                                                                           and asks.append(msg.round)))
+              drop=lambda src, dst, msg: isinstance(msg, CatchUpShare) or (isinstance(msg, CatchUpRange)
+                                                                           and asks.append((msg.first, msg.last))))
     cut_and_restore(s, rng, after=45)  # four attempts, backing off (seconds of simulated time)
     p3 = s.alg("p3").stats
     assert p3["catch_ups_started"] == 1 and p3["catch_ups_completed"] == 0
-    # The same round asked again after a deadline (until the donor's log moved past it or
-    # MAX_ATTEMPTS), never more than one round at a time; then the pull.
-    assert 2 <= len(asks) <= MAX_ATTEMPTS and len(set(asks)) == 1
+    # The same range asked again after a deadline (nothing came: never a wider one), at most
+    # MAX_ATTEMPTS times; then the pull.
+    assert 2 <= len(asks) <= MAX_ATTEMPTS and len(set(asks)) == 1 and asks[0][1] > asks[0][0]
     assert p3["repairs_completed"] == 1 and p3["repair_bytes"] == 6 * N  # then the pull
     assert agree(s, s.names)
 
@@ -304,7 +304,7 @@ def test_a_failed_repair_never_grows_and_backs_off():
     # One ask per attempt, always the first chunk (a late chunk is waited for, not asked for
     # twice; a retry never asks for more than the attempt before), each attempt further apart.
     assert {(o, c) for _, _, o, c in asks} == {chunk_bounds(N)[0]}
-    assert len(asks) == alg.stats["repairs_failed"] + (alg._puller.pull is not None and alg._puller.pull.asked_at < np.inf)
+    assert len(asks) == alg.stats["repairs_failed"] + alg._puller.asking
     gaps = np.diff([t for t, _, _, _ in asks])
     assert len(gaps) >= 2 and all(b >= a for a, b in zip(gaps, gaps[1:]))
     assert s.gate_waits["p2"] <= s.gate_waits["p0"] + 1.0  # training never waited for it

@@ -147,7 +147,8 @@ import numpy as np
 from p2p.averaging.outer_copies import CopyWatch, sketch_positions
 from p2p.averaging.outer_scatter import OuterGather, OuterScatter, OuterSlice, hold
 from p2p.averaging.outer_schedule import MAX_PROPOSAL, InnerSchedule
-from p2p.averaging.outer_catchup import CatchUpMissing, CatchUpPuller, CatchUpRequest, CatchUpShare, ShareLog
+from p2p.averaging.outer_catchup import (CatchUpMissing, CatchUpPuller, CatchUpRange, CatchUpRequest, CatchUpShare,
+                                         ShareLog)
 from p2p.averaging.outer_repair import RepairChunk, RepairDonor, RepairPuller, RepairRequest, propagate
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
                                decoded_params, state_array, state_int)
@@ -258,7 +259,7 @@ class DiLoCo(AsynchronousHooks):
     name = "diloco"
     natural_topology = "full"
     MESSAGES = (OuterShare, OuterShareQ, OuterSlice, OuterGather, RepairRequest, RepairChunk, CatchUpRequest,
-                CatchUpShare, CatchUpMissing)
+                CatchUpShare, CatchUpMissing, CatchUpRange)
     CODECS = CODECS
     Config = DiLoCoConfig
     default_round_timeout_s = 20.0  # its rounds move whole models once per H steps (12 MB at 20 Mbit/s: 5 s)
@@ -707,7 +708,7 @@ class DiLoCo(AsynchronousHooks):
         if isinstance(msg, RepairChunk):
             self._puller.receive(src, msg, now)
             return []
-        if isinstance(msg, CatchUpRequest):
+        if isinstance(msg, (CatchUpRange, CatchUpRequest)):
             return self._log.receive(src, msg, self._rounds.round)
         if isinstance(msg, (CatchUpShare, CatchUpMissing)):
             self._catchup.receive(src, msg, now)
