@@ -306,8 +306,8 @@ class CatchUpPuller(DonorPull):
         if p.got_bytes + packed.nbytes > MAX_KEPT * self.budget:  # more than any honest range
             raise RemoteProtocolError("oversized", f"catch-up shares past {MAX_KEPT} x the log budget")
         p.mixed[msg.round] = tuple(mixed)
-        shares[msg.sender] = Compressed(packed.codec, packed.numel, tuple(np.array(a, copy=True) for a in packed.arrays),
-                                        packed.meta)  # off the receive buffer
+        arrays = tuple(np.array(a, copy=True) for a in packed.arrays)  # off the receive buffer
+        shares[msg.sender] = Compressed(packed.codec, packed.numel, arrays, packed.meta)
         p.got_bytes += packed.nbytes
         p.asked_bytes += packed.nbytes
         self.stats["repair_bytes"] += packed.nbytes
