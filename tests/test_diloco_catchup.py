@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from p2p.averaging.donor_pull import MAX_ATTEMPTS
-from p2p.averaging.outer_catchup import (LOG_ROUNDS, CatchUpMissing, CatchUpPuller, CatchUpRange, CatchUpRequest,
+from p2p.averaging.outer_catchup import (LOG_ROUNDS, MAX_ANSWER, CatchUpMissing, CatchUpPuller, CatchUpRange, CatchUpRequest,
                                          CatchUpShare, ShareLog, replay_round)
 from p2p.averaging.robust import RobustMixing
 from p2p.bandwidth import BandwidthMonitor
@@ -71,15 +71,20 @@ def deliver(p, sends, now, keep=lambda msg: True):
             p.receive("d", x.msg, now)
 
 
-def test_a_range_is_answered_whole_in_round_order_and_replayed_at_once():
+def test_a_range_is_answered_whole_in_round_order_and_the_next_range_asked_at_once():
     log_rounds = shares(range(2, 6))
     log = donor(log_rounds)
     p = puller(2, 5)
+    assert MAX_ANSWER // len(SENDERS) == 2  # rounds per request here
     (ask,) = p.tick(0.0)
-    assert isinstance(ask.msg, CatchUpRange) and (ask.msg.first, ask.msg.last) == (2, 4)  # one request
+    assert isinstance(ask.msg, CatchUpRange) and (ask.msg.first, ask.msg.last) == (2, 3)
     out = log.receive("me", ask.msg, current=6)
-    assert [(x.msg.round, x.msg.sender) for x in out] == [(r, s) for r in (2, 3, 4) for s in SENDERS]
+    assert [(x.msg.round, x.msg.sender) for x in out] == [(r, s) for r in (2, 3) for s in SENDERS]
     deliver(p, out, 0.5)
+    assert p.pull.next == 4 and p.next_deadline() == 0.5  # replayed; the rest is asked for now
+    (rest,) = p.tick(0.5)
+    assert (rest.msg.first, rest.msg.last) == (4, 4)
+    deliver(p, log.receive("me", rest.msg, current=6), 0.6)
     done = p.take()
     assert done is not None and done.round == 5 and p.stats["catch_ups_completed"] == 1
     want_start, want_m = expected(log_rounds, (2, 3, 4))
@@ -127,19 +132,25 @@ def test_a_partial_answer_is_kept_and_only_the_rounds_not_all_in_are_asked_again
     log = donor(log_rounds)
     p = puller(0, 4)
     (ask,) = p.tick(0.0)
+    assert (ask.msg.first, ask.msg.last) == (0, 1)
     out = log.receive("me", ask.msg, current=4)
-    # rounds 0 and 1 whole, one share of round 2, nothing of round 3 (lost on the way)
-    deliver(p, out, 0.1, keep=lambda m: m.round < 2 or (m.round == 2 and m.sender == "a"))
-    assert p.pull.next == 2 and p.take() is None
-    assert p.tick(0.2) == []  # in flight until the deadline (the whole range's bytes)
+    # round 0 whole, one share of round 1 (the others lost on the way)
+    deliver(p, out, 0.1, keep=lambda m: m.round == 0 or m.sender == "a")
+    assert p.pull.next == 1 and p.take() is None
+    assert p.tick(0.2) == []  # in flight until the deadline (the range's bytes)
     t = p.next_deadline()
     assert math.isfinite(t)
     assert p.tick(t) == [] and p.stats["repairs_failed"] == 1  # missed: back off
     (again,) = p.tick(p.next_deadline())
-    assert (again.msg.first, again.msg.last) == (2, 3)  # never what was replayed
-    deliver(p, log.receive("me", again.msg, current=4), p.next_deadline() + 0.1)
+    assert (again.msg.first, again.msg.last) == (1, 2)  # never what was replayed
+    now = p.next_deadline() + 0.1
+    deliver(p, log.receive("me", again.msg, current=4), now)
+    assert p.stats["repair_chunks_unasked"] == 1  # round 1's "a" came twice: kept once
+    (last,) = p.tick(now)
+    assert (last.msg.first, last.msg.last) == (3, 3)
+    deliver(p, log.receive("me", last.msg, current=4), now)
     done = p.take()
-    assert done is not None and p.stats["repair_chunks_unasked"] == 1  # round 2's "a" came twice
+    assert done is not None
     np.testing.assert_array_equal(done.start, expected(log_rounds, range(4))[0])
 
 
@@ -159,7 +170,7 @@ def test_unanswered_asks_are_bounded_never_wider_and_then_dropped():
         sent = p.tick(now)
         asks += [(x.msg.first, x.msg.last) for x in sent]
         now = max(now, p.next_deadline())
-    assert p.pull is None and len(asks) == MAX_ATTEMPTS and set(asks) == {(0, 4)}
+    assert p.pull is None and len(asks) == MAX_ATTEMPTS and set(asks) == {(0, 1)}
     assert p.stats["repairs_failed"] == MAX_ATTEMPTS
 
 

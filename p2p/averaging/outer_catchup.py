@@ -36,10 +36,12 @@ snapshot install) and as Streaming DiLoCo's workers rejoin from the fragments' o
   budget, and no catch-up was tried from that base before: a catch-up that failed or landed
   a copy still apart (the next round's sketches tell) leaves the full pull to mend it. So it
   is tried at most once per episode of being apart and can never grow into a loop.
-- **How.** One request for every round from the base to the last one before the round we
-  rejoin (at most ``LOG_ROUNDS``, within the log budget): a round at a time, one request in
-  flight per round, took more than three rounds at ``--diloco-inner-steps 10`` in the lab, as
-  every request waited a round trip and the donor's round. The shares are kept packed as they
+- **How.** The rounds from the base to the last one before the round we rejoin (at most
+  ``LOG_ROUNDS``, within the log budget) are asked for as ranges, one request in flight, each
+  range as many rounds as ``MAX_ANSWER`` shares hold (the transport's send queue), the next
+  asked for as soon as one is in. (A round at a time, each request waiting a round trip and
+  the donor's round, took more than three rounds at ``--diloco-inner-steps 10`` in the lab;
+  the whole range at once overflowed the donor's send queue.) The shares are kept packed as they
   come (at most ``MAX_KEPT`` x the log budget); as soon as a round's set is complete, in round
   order, its shares are decoded and averaged as the round did (robust mixing's clipped mean,
   robust.py "One answer for one set", or the plain mean), and the outer step
@@ -47,8 +49,8 @@ snapshot install) and as Streaming DiLoCo's workers rejoin from the fragments' o
   (theta_start, m) as of the round after the last one replayed: handed to diloco.py as a
   ``Pulled`` state, which lands it like a pull's (carried through the outer steps since,
   checked against the donor's ``mixed`` lists until it lands, verified by the next sketches).
-- **Bounded** (the pull's rules, donor_pull.py). The request's deadline is the expected bytes of
-  the whole range (rounds x senders x our share's bytes) / the measured link rate x the slack,
+- **Bounded** (the pull's rules, donor_pull.py). A request's deadline is the expected bytes of
+  its range (rounds x senders x our share's bytes) / the measured link rate x the slack,
   plus a round's wait (the donor may answer when its round ends); past it, after a doubling
   backoff, only the rounds whose shares are not all in are asked for again (a range never wider
   than the one before; the shares in are kept); after ``MAX_ATTEMPTS`` attempts without a round
@@ -77,6 +79,11 @@ from p2p.wire import message
 
 LOG_ROUNDS = 8  # rounds a donor keeps and a catch-up may replay
 MAX_KEPT = 2  # a puller keeps at most this many x the log budget of shares not replayed yet
+# Shares one request may ask for: the donor sends them at once, and the transport queues 16
+# messages per peer before it drops sends (p2p/net/transport.py ``send_hwm``), its round shares
+# included. Asked for all at once, a 4-round range of 4 senders lost part of every answer in
+# the lab and the catch-up ran out of its 3 rounds re-asking.
+MAX_ANSWER = 8
 MAX_PENDING = 16  # requests a donor keeps for rounds it has not reached
 MAX_SENDERS = 4096  # senders one round's average may name (as diloco.MAX_MIXED)
 
@@ -216,12 +223,14 @@ class _CatchUp:
     own_start: np.ndarray  # ours at the start of ``round``
     own_momentum: np.ndarray
     per_round: int  # one round's shares, as estimated (deadlines)
+    senders: int  # one round's senders, as estimated (until a share names them)
     wait_s: float  # a round's wait (the donor may answer when its round ends)
     got: dict[int, dict[str, Compressed]] = field(default_factory=dict)  # round -> sender -> packed
     # share, kept packed (decoded when its round replays: a few rounds of shares stay small)
     mixed: dict[int, tuple] = field(default_factory=dict)  # round -> the set it averaged
     got_bytes: int = 0  # packed bytes kept, all rounds (bounded: ``MAX_KEPT``)
     asked_bytes: int = 0  # packed bytes arrived since the request in flight (the link estimate)
+    asked_last: int = -1  # the last round the request in flight names
 
     def missing(self) -> list[int]:
         """The rounds not replayed whose shares are not all in."""
@@ -269,16 +278,19 @@ class CatchUpPuller(DonorPull):
             return False
         self._tried = base_round
         self._start(_CatchUp(donor, current, base_round, start.copy(), momentum.copy(), own[0].copy(),
-                             own[1].copy(), per_round, wait_s))
+                             own[1].copy(), per_round, max(1, senders), wait_s))
         self.stats["catch_ups_started"] += 1
         return True
 
     def _ask(self) -> tuple[object, int, float]:
-        """Every round not all in yet, as one range (the donor re-sends a round whole)."""
+        """The rounds not all in yet, from the first, as one range of at most ``MAX_ANSWER``
+        shares (the donor re-sends a round whole)."""
         p = self.pull
         todo = p.missing()
-        p.asked_bytes = 0
-        return CatchUpRange(todo[0], todo[-1], self.model_key), (todo[-1] - todo[0] + 1) * p.per_round, p.wait_s
+        first = todo[0]
+        last = min(todo[-1], first + max(1, MAX_ANSWER // p.senders) - 1)
+        p.asked_bytes, p.asked_last = 0, last
+        return CatchUpRange(first, last, self.model_key), (last - first + 1) * p.per_round, p.wait_s
 
     def receive(self, src: str, msg: object, now: float) -> None:
         """A ``CatchUpShare`` or ``CatchUpMissing`` (diloco.py routes both here)."""
@@ -306,6 +318,7 @@ class CatchUpPuller(DonorPull):
         if p.got_bytes + packed.nbytes > MAX_KEPT * self.budget:  # more than any honest range
             raise RemoteProtocolError("oversized", f"catch-up shares past {MAX_KEPT} x the log budget")
         p.mixed[msg.round] = tuple(mixed)
+        p.senders = len(mixed)
         arrays = tuple(np.array(a, copy=True) for a in packed.arrays)  # off the receive buffer
         shares[msg.sender] = Compressed(packed.codec, packed.numel, arrays, packed.meta)
         p.got_bytes += packed.nbytes
@@ -317,8 +330,9 @@ class CatchUpPuller(DonorPull):
             replayed = True
         if replayed:  # progress: a re-ask after this attempt starts afresh
             self._failures, self._backoff_s = 0, 0.0
-        if p.next == p.round:
+        if p.next > p.asked_last:  # the range asked for is in: the next one goes out at once
             self._answered(src, p.asked_bytes, now, 1.0)
+        if p.next == p.round:
             self._finish(Pulled(p.round, p.start, p.momentum, p.own_start, p.own_momentum, p.donor))
             self.stats["catch_ups_completed"] += 1
 

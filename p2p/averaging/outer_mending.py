@@ -96,7 +96,9 @@ class Mending:
         return min(math.inf, *(p.next_deadline() for p in self.pullers))
 
     def take(self) -> list[Pulled]:
-        return [done for p in self.pullers if (done := p.take()) is not None]
+        out = [done for p in self.pullers if (done := p.take()) is not None]
+        self.stats["repair_in_flight"] = int(self.in_flight)  # not 1 until the next tick: status reads it
+        return out
 
     def receive(self, src: str, msg: object, now: float, current: int,
                 state: tuple[np.ndarray, np.ndarray]) -> list[Send]:
