@@ -36,8 +36,9 @@ LEVEL = 1.5  # "at the codec's level": at most this many times the steady state'
 @pytest.fixture
 def lab():
     if not os.environ.get("TEST_DILOCO_LAB"):
-        # Not reliable yet (3 runs at load ~20 on 2 cores: 0 of 3 within 3 rounds; the catch-up
-        # landed apart once, its request went unanswered for 3 rounds once): opt in to run it.
+        # Not reliable yet at load ~20 on 2 cores (passed 2 of 3, and 0 of 3 before the stale
+        # repair_in_flight fix): a caught-up copy still apart once (then a pull), an answer
+        # stalled for 3 rounds after its first share once. Opt in to run it.
         pytest.skip("set TEST_DILOCO_LAB=1 to run (issue 16: not reliable within 3 rounds yet)")
     reason = probe()
     if reason is not None:
