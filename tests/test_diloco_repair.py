@@ -222,7 +222,7 @@ def test_a_donor_without_the_rounds_says_so_and_the_next_round_pulls_once():
 
     def forget():  # the donors lost their logs (a restart, say): every catch-up round is missing
         for n in ("p0", "p1", "p2"):
-            s.alg(n)._log._sealed.clear()
+            s.alg(n)._mend.log._sealed.clear()
 
     cut_and_restore(s, rng, after=6, at_restore=forget)
     p3 = s.alg("p3").stats
@@ -243,19 +243,19 @@ def test_a_cut_longer_than_the_log_pulls():
 
 
 def test_lost_catch_up_answers_are_asked_again_a_bounded_number_of_times_then_pulled():
-    from p2p.averaging.outer_catchup import CatchUpRequest, CatchUpShare
-    from p2p.averaging.outer_repair import MAX_ATTEMPTS
+    from p2p.averaging.donor_pull import MAX_ATTEMPTS
+    from p2p.averaging.outer_catchup import CatchUpRange, CatchUpShare
     rng = np.random.default_rng(8)
     asks = []
     s = Swarm(starts(4), codec="sparseloco",
-              drop=lambda src, dst, msg: isinstance(msg, CatchUpShare) or (isinstance(msg, CatchUpRequest)
-                                                                           and asks.append(msg.round)))
+              drop=lambda src, dst, msg: isinstance(msg, CatchUpShare) or (isinstance(msg, CatchUpRange)
+                                                                           and asks.append((msg.first, msg.last))))
     cut_and_restore(s, rng, after=45)  # four attempts, backing off (seconds of simulated time)
     p3 = s.alg("p3").stats
     assert p3["catch_ups_started"] == 1 and p3["catch_ups_completed"] == 0
-    # The same round asked again after a deadline (until the donor's log moved past it or
-    # MAX_ATTEMPTS), never more than one round at a time; then the pull.
-    assert 2 <= len(asks) <= MAX_ATTEMPTS and len(set(asks)) == 1
+    # The same range asked again after a deadline (nothing came: never a wider one), at most
+    # MAX_ATTEMPTS times; then the pull.
+    assert 2 <= len(asks) <= MAX_ATTEMPTS and len(set(asks)) == 1 and asks[0][1] > asks[0][0]
     assert p3["repairs_completed"] == 1 and p3["repair_bytes"] == 6 * N  # then the pull
     assert agree(s, s.names)
 
@@ -270,9 +270,9 @@ def test_a_hostile_or_unasked_catch_up_share_is_rejected_or_dropped():
     unasked = CatchUpShare(**q, round=0, sender="p0", mixed=("p0", "p1"), model_key=KEY)
     alg.receive("p0", unasked, 0.0, ["p0"])
     assert alg.stats["repair_chunks_unasked"] == 1
-    alg._catchup.note_begin(0, alg.outer_parameters, np.zeros(N, np.float32))
-    alg._catchup.note_agreed(0)
-    assert alg._catchup.begin("p0", 2, (alg.outer_parameters, np.zeros(N, np.float32)), 0.0, 1000, 2, 1.0)
+    alg._mend.catchup.note_begin(0, alg.outer_parameters, np.zeros(N, np.float32))
+    alg._mend.catchup.note_agreed(0)
+    assert alg._mend.catchup.begin("p0", 2, (alg.outer_parameters, np.zeros(N, np.float32)), 0.0, 1000, 2, 1.0)
     for bad in (dict(sender="p9"), dict(mixed=("p1", "p0")), dict(mixed=())):
         with pytest.raises(RemoteProtocolError):
             alg.receive("p0", CatchUpShare(**{**q, **dict(round=0, sender="p0", mixed=("p0", "p1"),
@@ -280,7 +280,7 @@ def test_a_hostile_or_unasked_catch_up_share_is_rejected_or_dropped():
     short = compressed_fields(make_compressor("sparseloco").compress(np.ones(N // 2, np.float32)))
     with pytest.raises(RemoteProtocolError):
         alg.receive("p0", CatchUpShare(**short, round=0, sender="p0", mixed=("p0", "p1"), model_key=KEY), 0.0, ["p0"])
-    assert alg._catchup.pull is not None and not alg._catchup.pull.got  # nothing taken from them
+    assert alg._mend.catchup.pull is not None and not alg._mend.catchup.pull.got  # nothing taken from them
 
 
 def test_a_failed_repair_never_grows_and_backs_off():
@@ -304,7 +304,7 @@ def test_a_failed_repair_never_grows_and_backs_off():
     # One ask per attempt, always the first chunk (a late chunk is waited for, not asked for
     # twice; a retry never asks for more than the attempt before), each attempt further apart.
     assert {(o, c) for _, _, o, c in asks} == {chunk_bounds(N)[0]}
-    assert len(asks) == alg.stats["repairs_failed"] + (alg._puller.pull is not None and alg._puller.pull.asked_at < np.inf)
+    assert len(asks) == alg.stats["repairs_failed"] + alg._mend.puller.asking
     gaps = np.diff([t for t, _, _, _ in asks])
     assert len(gaps) >= 2 and all(b >= a for a, b in zip(gaps, gaps[1:]))
     assert s.gate_waits["p2"] <= s.gate_waits["p0"] + 1.0  # training never waited for it
@@ -315,8 +315,8 @@ def test_a_stale_or_wrong_chunk_is_dropped_and_a_hostile_one_rejected():
     rng = np.random.default_rng(4)
     s.outer_round(rng)
     alg = s.alg("p1")
-    assert alg._puller.pull is not None or alg.stats["repairs_completed"] == 1
-    donor = alg._puller.pull.donor if alg._puller.pull else "p0"
+    assert alg._mend.puller.pull is not None or alg.stats["repairs_completed"] == 1
+    donor = alg._mend.puller.pull.donor if alg._mend.puller.pull else "p0"
     with pytest.raises(RemoteProtocolError) as err:
         alg.receive(donor, RepairChunk(0, 0, "other/1", np.zeros(4, np.float32)), s.now, ["p0"])
     assert err.value.reason == "wrong_model"
@@ -408,12 +408,12 @@ def test_a_pull_whose_donor_left_is_dropped_at_once_and_the_next_round_picks_ano
     rng = np.random.default_rng(5)
     s.outer_round(rng)
     alg = s.alg("p2")
-    pull = alg._puller.pull
+    pull = alg._mend.puller.pull
     assert pull is not None and pull.donor in ("p0", "p1")
     alive = [n for n in ("p0", "p1") if n != pull.donor]
     failed = alg.stats["repairs_failed"]
     alg.tick(s.now, alive)  # the membership no longer lists the donor
-    assert alg._puller.pull is None and not alg._puller.active
+    assert alg._mend.puller.pull is None and not alg._mend.puller.active
     assert alg.stats["repair_donors_gone"] == 1 and alg.stats["repairs_failed"] == failed + 1
     alg.tick(s.now, alive + [pull.donor])  # nothing to drop: counters unchanged
     assert alg.stats["repair_donors_gone"] == 1
@@ -617,7 +617,7 @@ def test_a_donors_log_follows_its_copy_a_replayed_round_serves_the_swarms_set():
     p2 = s.alg("p2")
 
     def served(alg, round):
-        return alg._log.receive("p9", CatchUpRequest(round, KEY), alg._rounds.round)
+        return alg._mend.log.receive("p9", CatchUpRequest(round, KEY), alg._rounds.round)
 
     assert {x.msg.sender for x in served(p2, 0)} == {"p0", "p1", "p2"}  # what it averaged
     for msg in held:
@@ -637,6 +637,6 @@ def test_a_pulled_state_drops_the_rounds_before_it_from_the_log():
         s.outer_round(rng)
     p3 = s.alg("p3")
     assert p3.stats["repairs_completed"] == 1 and p3.stats["catch_ups_started"] == 0
-    missing = p3._log.receive("p9", CatchUpRequest(0, KEY), p3._rounds.round)
+    missing = p3._mend.log.receive("p9", CatchUpRequest(0, KEY), p3._rounds.round)
     assert [type(x.msg) for x in missing] == [CatchUpMissing]  # its round 0 was not the swarm's
-    assert s.alg("p0")._log.receive("p9", CatchUpRequest(2, KEY), 4)  # the others' still are
+    assert s.alg("p0")._mend.log.receive("p9", CatchUpRequest(2, KEY), 4)  # the others' still are

@@ -42,9 +42,10 @@ from p2p.averaging.outer_repair import RepairRequest  # noqa: E402
 
 SAMPLES += [RepairRequest(round=6, offset=12, count=4, model_key="synthetic/12")]  # no tensors
 
-from p2p.averaging.outer_catchup import CatchUpMissing, CatchUpRequest, CatchUpShare  # noqa: E402
+from p2p.averaging.outer_catchup import CatchUpMissing, CatchUpRange, CatchUpRequest, CatchUpShare  # noqa: E402
 
 SAMPLES += [CatchUpRequest(round=6, model_key="synthetic/12"), CatchUpMissing(round=6, model_key="synthetic/12"),
+            CatchUpRange(first=6, last=9, model_key="synthetic/12"),
             CatchUpShare(**_Q, round=6, sender="10.0.0.2:7000", mixed=("10.0.0.1:7000", "10.0.0.2:7000"),
                          model_key="synthetic/12")]
 

@@ -100,9 +100,9 @@ they missed from the Deltas they kept when they can; else, with a codec whose ro
 rounds since they last agreed replayed from one donor's log of the compressed shares each
 round averaged (outer_catchup.py); else by a pull of the swarm's (theta_start, momentum) from
 one donor, in chunks, in the background, carried through the outer steps since
-(p2p/averaging/outer_copies.py decides; outer_repair.py pulls: sized from the measured link,
-at most one repair in flight, a retry never larger than the attempt before; training never
-waits for either). Finished peers mend theirs too: they keep serving rounds. With int4 an
+(p2p/averaging/outer_copies.py decides; outer_mending.py holds both sides; outer_repair.py
+pulls: sized from the measured link, at most one repair in flight, a retry never larger than
+the attempt before; training never waits for either). Finished peers mend theirs too: they keep serving rounds. With int4 an
 outer step moves ~N/7 of a model per neighbour instead of 3N. With ``gossip_rounds`` > 1
 (sparse graphs, where no round is an exact average and the copies are never equal) theta_start
 and the momentum travel in every round (a left-out one is an empty tensor, which the round
@@ -147,8 +147,9 @@ import numpy as np
 from p2p.averaging.outer_copies import CopyWatch, sketch_positions
 from p2p.averaging.outer_scatter import OuterGather, OuterScatter, OuterSlice, hold
 from p2p.averaging.outer_schedule import MAX_PROPOSAL, InnerSchedule
-from p2p.averaging.outer_catchup import CatchUpMissing, CatchUpPuller, CatchUpRequest, CatchUpShare, ShareLog
-from p2p.averaging.outer_repair import RepairChunk, RepairDonor, RepairPuller, RepairRequest, propagate
+from p2p.averaging import outer_mending
+from p2p.averaging.outer_mending import Mending
+from p2p.averaging.outer_repair import propagate
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
                                decoded_params, state_array, state_int)
 from p2p.averaging.robust import RobustMixing
@@ -257,8 +258,7 @@ class DiLoCo(AsynchronousHooks):
 
     name = "diloco"
     natural_topology = "full"
-    MESSAGES = (OuterShare, OuterShareQ, OuterSlice, OuterGather, RepairRequest, RepairChunk, CatchUpRequest,
-                CatchUpShare, CatchUpMissing)
+    MESSAGES = (OuterShare, OuterShareQ, OuterSlice, OuterGather, *outer_mending.MESSAGES)
     CODECS = CODECS
     Config = DiLoCoConfig
     default_round_timeout_s = 20.0  # its rounds move whole models once per H steps (12 MB at 20 Mbit/s: 5 s)
@@ -286,13 +286,6 @@ class DiLoCo(AsynchronousHooks):
             self._scatter = OuterScatter(config.compression, config.compression_block, port.numel, port.model_key,
                                          self.stats)
             self._compressor = None
-        # Repairs (outer_repair.py): pulls started / completed / failed, outer steps taken while
-        # one was in flight, bytes pulled and served, chunks that missed their deadline.
-        for key in ("repairs_started", "repairs_completed", "repairs_failed", "repair_rounds", "repair_bytes",
-                    "repair_bytes_served", "repair_chunks_missed", "repair_chunks_unasked", "repair_stale",
-                    "repair_donors_gone", "repairs_replayed", "replays_missing", "repairs_diverged",
-                    "catch_ups_started", "catch_ups_completed", "repair_in_flight"):
-            self.stats[key] = 0
         # How far the outer parameters (the swarm's model) are apart: from the sketches, and from
         # theta_start itself in the rounds that carry it.
         self.disagreement = Disagreement()
@@ -312,19 +305,13 @@ class DiLoCo(AsynchronousHooks):
         # Repair (outer_repair.py): the link estimates its deadlines come from (its own chunks:
         # a round share's timing mostly measures the sender's lead), both sides of the pull.
         self.monitor = BandwidthMonitor()
-        self._donor = RepairDonor(self._start.size, port.model_key, self.stats)
-        self._puller = RepairPuller(self._start.size, port.model_key, self.monitor, self.stats,
-                                    momentum=self.options.outer_momentum != 0)
         # Catch-ups (outer_catchup.py): with a codec, the last rounds' shares (donor) and our
         # base (puller), within half of theta_start's bytes (beyond, the pull is cheaper). Not with
         # reduce-scatter: no peer holds a round's whole shares there (outer_scatter.py).
         budget = (2 * self._start.size if self._compressor is not None and not self._params_every_round
                   and self._scatter is None else 0)
-        self._log = ShareLog(self._start.size, port.model_key, self.stats, budget)
-        self._catchup = CatchUpPuller(self._start.size, port.model_key, self.monitor, self.stats,
-                                      self.options.outer_lr, self.options.outer_momentum, self.robust, budget)
-        self._pullers = (self._puller, self._catchup)
-        self._share_bytes = 0  # our last packed share's bytes (a catch-up's estimate)
+        self._mend = Mending(self._start.size, port.model_key, self.stats, self.monitor, self.options.outer_lr,
+                             self.options.outer_momentum, self.robust, budget)  # both sides (outer_mending.py)
         self._outbox: list[Send] = []  # donor chunks due at an outer step (sent from tick)
         # Round deadlines (module docstring): the usual wait, and who is not waited for.
         self._wait_ewma: float | None = None
@@ -332,8 +319,8 @@ class DiLoCo(AsynchronousHooks):
         self._wait_for: frozenset = frozenset()
         self._absent: set[str] = set()
         # Copies apart: who repairs and how, replay or pull (outer_copies.py).
-        self._watch = CopyWatch(self.options.outer_lr, self.options.outer_momentum, self.robust, self._pullers,
-                                self.monitor, self.disagreement, self.stats, on_agreed=self._catchup.note_agreed)
+        self._watch = CopyWatch(self.options.outer_lr, self.options.outer_momentum, self.robust, self._mend.pullers,
+                                self.monitor, self.disagreement, self.stats, on_agreed=self._mend.catchup.note_agreed)
         self._momentum = np.zeros_like(self._start)
         self._syncing = False  # between the boundary and the outer step
         self._shipped: np.ndarray | None = None  # overlap: our own Delta of the round in flight, in full precision
@@ -413,11 +400,11 @@ class DiLoCo(AsynchronousHooks):
             self._residual = residual
 
     def next_deadline(self) -> float:
-        landed = any(p.done is not None for p in self._pullers) or self._watch.replay is not None
+        landed = self._mend.landed or self._watch.replay is not None
         if self._outbox or (landed and not self._syncing):
             return -math.inf  # chunks to send, a pulled state to apply: tick does it now
         scatter = math.inf if self._scatter is None else self._scatter.deadline
-        return min(self._rounds.deadline, self._continue_at, scatter, *(p.next_deadline() for p in self._pullers))
+        return min(self._rounds.deadline, self._continue_at, scatter, self._mend.next_deadline())
 
     @property
     def outer_parameters(self) -> np.ndarray:
@@ -482,10 +469,7 @@ class DiLoCo(AsynchronousHooks):
         self._serving = None
         self._keep_delta(r, self.self_addr, delta)
         self._sketch = start[self._positions]
-        if self._log.budget and self._packed is not None:  # catch-ups (outer_catchup.py)
-            self._share_bytes = self._packed.nbytes
-            self._log.keep(r, self.self_addr, self._packed, r)
-            self._catchup.note_begin(r, start, momentum)
+        self._mend.round_begins(r, self.self_addr, self._packed, start, momentum)  # catch-ups (outer_catchup.py)
         self._sent_params = set(neighbours) if self._params_every_round else set()
         self.stats["params_sent"] += len(self._sent_params)
         # the exchange as measured: the usual wait of our rounds (outer_schedule.py, "Measured")
@@ -620,20 +604,12 @@ class DiLoCo(AsynchronousHooks):
             self._blocked_since = None
         self._payload = ()
         self.stats["outer_steps"] += 1
-        self.stats["repair_in_flight"] = int(any(p.active for p in self._pullers))
-        if self.stats["repair_in_flight"]:
-            self.stats["repair_rounds"] += 1
         state = (self._start, self._momentum)
-        self._outbox += self._donor.outer_step(self._rounds.round, state, now)
-        self._outbox += self._log.sealed(self._rounds.round - 1, self._watch.mixed_last)
+        self._outbox += self._mend.outer_step(self._rounds.round, state, self._watch.mixed_last, now)
         self._apply_repair()
-        if self._watch.pull_from is not None:
-            # Replay the rounds missed from the donor's log when that is small (a few rounds of
-            # a sparse codec), else pull its state (outer_catchup.py, "When").
+        if self._watch.pull_from is not None:  # a catch-up or a pull (outer_mending.py)
             donor, self._watch.pull_from = self._watch.pull_from, None
-            if not self._catchup.begin(donor, self._rounds.round, state, now, self._share_bytes, len(self._wait_for) + 1,
-                                       self._round_timeout()):
-                self._puller.begin(donor, self._rounds.round, state, now)
+            self._mend.begin(donor, self._rounds.round, state, now, len(self._wait_for) + 1, self._round_timeout())
         self._serve(now)  # finished: a neighbour may have begun the next round already
 
     def _apply_repair(self) -> None:
@@ -645,12 +621,10 @@ class DiLoCo(AsynchronousHooks):
         if self._watch.replay is not None:
             (round, d_start, d_momentum), self._watch.replay = self._watch.replay, None
             self._correct(round, d_start, d_momentum)
-            self._log.reseal(*self._watch.replayed_set)  # the round's set is now the reference's
-        for puller in self._pullers:
-            done = puller.take()
-            if done is not None:
-                self._correct(done.round, done.start - done.own_start, done.momentum - done.own_momentum)
-                self._log.forget_before(self._rounds.round)  # our earlier rounds were not the swarm's
+            self._mend.log.reseal(*self._watch.replayed_set)  # the round's set is now the reference's
+        for done in self._mend.take():
+            self._correct(done.round, done.start - done.own_start, done.momentum - done.own_momentum)
+            self._mend.log.forget_before(self._rounds.round)  # our earlier rounds were not the swarm's
 
     def _correct(self, round: int, d_start: np.ndarray, d_momentum: np.ndarray) -> None:
         opts = self.options
@@ -702,16 +676,8 @@ class DiLoCo(AsynchronousHooks):
 
     # -- network ------------------------------------------------------------------------------
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
-        if isinstance(msg, RepairRequest):
-            return self._donor.receive(src, msg, self._rounds.round, (self._start, self._momentum), now)
-        if isinstance(msg, RepairChunk):
-            self._puller.receive(src, msg, now)
-            return []
-        if isinstance(msg, CatchUpRequest):
-            return self._log.receive(src, msg, self._rounds.round)
-        if isinstance(msg, (CatchUpShare, CatchUpMissing)):
-            self._catchup.receive(src, msg, now)
-            return []
+        if isinstance(msg, outer_mending.MESSAGES):
+            return self._mend.receive(src, msg, now, self._rounds.round, (self._start, self._momentum))
         if isinstance(msg, (OuterSlice, OuterGather)) == (self._scatter is None):
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__}: this peer runs diloco "
                                                     f"{'with' if self._scatter else 'without'} --diloco-reduce-scatter")
@@ -741,8 +707,8 @@ class DiLoCo(AsynchronousHooks):
             self._keep_delta(msg.round, src, delta.copy() if isinstance(msg, OuterShare) else delta)
         if msg.round >= self._rounds.round - 1:
             self._absent.discard(src)  # in step with us again (a late share by one round: a straggler)
-        if params is None and isinstance(msg, OuterShareQ) and self._log.budget:  # for catch-ups, late ones too
-            self._log.keep(msg.round, src, msg.payload(), self._rounds.round)  # (outer_catchup.py)
+        if params is None and isinstance(msg, OuterShareQ):  # for catch-ups, late ones too (outer_catchup.py)
+            self._mend.share_in(msg.round, src, msg.payload(), self._rounds.round)
         if self._rounds.offer(src, msg.round, msg.degree, msg.step, (params, delta, momentum)) and params is None:
             # keep sketches and proposals only as long as the rounds do
             self._watch.share_received(msg.round, src, msg.sketch, msg.step, msg.mixed, self._rounds.buffered())
@@ -756,14 +722,12 @@ class DiLoCo(AsynchronousHooks):
 
     def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         sends, self._outbox = self._outbox, []
-        for puller in self._pullers:
-            puller.drop_if_donor_gone(neighbours)
+        self._mend.drop_if_donor_gone(neighbours)
         self._apply_repair()
         if self._syncing:
             if now >= self._continue_at:
                 sends += self._begin(now, neighbours)
             else:
                 self._poll(now)
-        sends += self._puller.tick(now) + self._catchup.tick(now)
-        self.stats["repair_in_flight"] = int(any(p.active for p in self._pullers))  # status: 1 while one runs
+        sends += self._mend.tick(now)
         return sends

