@@ -41,14 +41,14 @@ def resumed_line(swarm, i, after=0):
 
 
 def test_a_node_killed_with_sigkill_resumes_from_its_last_checkpoint(tmp_path):
-    # Slowed down (~60 steps/s) so that the last checkpoint and the last evaluation before the
-    # kill are at most ~0.3 s (~20 steps) apart: the model they see is nearly the same.
-    args = FAST + ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "0.3", "--linger", "-1",
-                   "--steps", "100000", "--slowdown", "50", "--eval-every", "0.3"]
+    # Slowed down (~120 steps/s) so that the last checkpoint and the last evaluation before the
+    # kill are at most ~0.15 s (~20 steps) apart: the model they see is nearly the same.
+    args = FAST + ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "0.15", "--linger", "-1",
+                   "--steps", "100000", "--slowdown", "25", "--eval-every", "0.15"]
     with LocalSwarm(1, tmp_path, args) as swarm:
         swarm.start()
-        wait_until(lambda: (s := status(swarm, 0)) and (s["checkpoint"].get("last_step") or 0) > 400, 60,
-                   what="a checkpoint past step 400")
+        wait_until(lambda: (s := status(swarm, 0)) and (s["checkpoint"].get("last_step") or 0) > 400, 120,
+                   what="a checkpoint past step 400")  # (the deadline includes the start-up: ~45 s at load 15)
         before = status(swarm, 0)
         swarm.kill(0, signal.SIGKILL)
         swarm.procs[0].wait(10)
