@@ -60,7 +60,8 @@ def daemon_accuracies(algorithm, steps, peers, tmp_path, ports=None):
     (from each node's last progress line, printed after its linger)."""
     args = ["--task", "synthetic", "--algorithm", algorithm, "--steps", str(steps), "--linger", "5",
             "--min-members", str(peers), "--log-every", "1", "--eval-every", "1", "--join-timeout", "60"]
-    with LocalSwarm(peers, tmp_path / "daemon", args, ports=ports, per_peer_args=[["--shard", f"{i}/{peers}"] for i in range(peers)]) as swarm:
+    shards = [["--shard", f"{i}/{peers}"] for i in range(peers)]
+    with LocalSwarm(peers, tmp_path / "daemon", args, ports=ports, per_peer_args=shards) as swarm:
         swarm.start()
         codes = swarm.wait(180)
         assert codes == [0] * peers, [swarm.log_tail(i) for i in range(peers)]
