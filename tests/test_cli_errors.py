@@ -4,6 +4,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -24,7 +25,7 @@ def one_error_line(lines):
     return errors[0]
 
 
-@pytest.mark.parametrize("args, needle", [
+BAD_FLAGS = [
     (["--listen", "127.0.0.1:7000", "--bogus"], "No such option: --bogus"),
     (["--join", "127.0.0.1:7001"], "--listen HOST:PORT is required"),
     (["--listen", "127.0.0.1:7000", "--log-format", "xml"], "--log-format: unknown value 'xml'"),
@@ -64,13 +65,32 @@ def one_error_line(lines):
      "diloco reduce-scatter takes the dense codecs, not 'sparseloco'"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--topology", "ring", "--diloco-reduce-scatter"],
      "--diloco-reduce-scatter: needs --topology full"),
-])
-def test_bad_flags_and_task_specs(args, needle):
-    if "--device" in args:
-        import torch
-        if torch.cuda.is_available():
-            pytest.skip("this machine has CUDA")
-    code, out, err = run_start(*args)
+]
+
+
+def cuda_case(args):
+    """A case that expects no CUDA, on a machine that has it (skipped: it would train)."""
+    if "--device" not in args:
+        return False
+    import torch
+    return torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module")
+def bad_flag_runs():
+    """Every BAD_FLAGS command run once, four at a time (each is a process start-up of ~1-3 CPU
+    seconds; run one by one they left a core idle): index -> (code, stdout, stderr lines). They
+    all fail before binding a port, so the shared --listen address is never contended."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(enumerate(pool.map(lambda case: None if cuda_case(case[0]) else run_start(*case[0]), BAD_FLAGS)))
+
+
+@pytest.mark.parametrize("index", range(len(BAD_FLAGS)), ids=[f"{i}-{needle}" for i, (_, needle) in enumerate(BAD_FLAGS)])
+def test_bad_flags_and_task_specs(index, bad_flag_runs):
+    args, needle = BAD_FLAGS[index]
+    if cuda_case(args):
+        pytest.skip("this machine has CUDA")
+    code, out, err = bad_flag_runs[index]
     assert code == 2
     assert needle in one_error_line(err)
 

@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -134,20 +135,22 @@ def test_the_swarm_view_lists_every_member_and_a_killed_one_as_unreachable_in_ti
 
 def test_a_config_file_and_the_environment_drive_a_node_and_flags_win(tmp_path):
     (port,) = free_ports(1)
-    config = tmp_path / "node.toml"
+    config, typo, out_of_range = tmp_path / "node.toml", tmp_path / "typo.toml", tmp_path / "range.toml"
     config.write_text(f'listen = "127.0.0.1:{port}"\ntask = "synthetic"\nsteps = 50\nlinger = 0\nlog_every = 0\n'
                       'membership = "local"\n')
-    code, out, err = run("start", "--config", str(config), env={"P2P_STEPS": "80"})
-    assert code == 0, err
-    assert "done      step     80" in out  # the environment over the file
-    code, out, err = run("start", "--config", str(config), "--steps", "60", env={"P2P_STEPS": "80"})
-    assert code == 0 and "done      step     60" in out  # the flag over both
-    config.write_text(config.read_text() + "stepz = 3\n")
-    code, out, err = run("start", "--config", str(config))
-    assert code == 2 and err.strip() == f"p2p: error: {config}: unknown key 'stepz' (keys are the flags of p2p start, with underscores)"
-    config.write_text(f'listen = "127.0.0.1:{port}"\ncomm_fraction = 2.0\n')
-    code, out, err = run("start", "--config", str(config))
-    assert code == 2 and err.strip() == f"p2p: error: {config}: comm_fraction: must be > 0 and <= 1, got 2"
+    typo.write_text(config.read_text() + "stepz = 3\n")
+    out_of_range.write_text(f'listen = "127.0.0.1:{port}"\ncomm_fraction = 2.0\n')
+    with ThreadPoolExecutor(2) as pool:  # the two refused files (they bind nothing) beside the two runs
+        refused = [pool.submit(run, "start", "--config", str(path)) for path in (typo, out_of_range)]
+        code, out, err = run("start", "--config", str(config), env={"P2P_STEPS": "80"})
+        assert code == 0, err
+        assert "done      step     80" in out  # the environment over the file
+        code, out, err = run("start", "--config", str(config), "--steps", "60", env={"P2P_STEPS": "80"})
+        assert code == 0 and "done      step     60" in out  # the flag over both
+        code, out, err = refused[0].result()
+        assert code == 2 and err.strip() == f"p2p: error: {typo}: unknown key 'stepz' (keys are the flags of p2p start, with underscores)"
+        code, out, err = refused[1].result()
+        assert code == 2 and err.strip() == f"p2p: error: {out_of_range}: comm_fraction: must be > 0 and <= 1, got 2"
 
 
 def test_json_logs_are_json_line_by_line_with_the_nodes_events(tmp_path):

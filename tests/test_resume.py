@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -41,14 +42,14 @@ def resumed_line(swarm, i, after=0):
 
 
 def test_a_node_killed_with_sigkill_resumes_from_its_last_checkpoint(tmp_path):
-    # Slowed down (~60 steps/s) so that the last checkpoint and the last evaluation before the
-    # kill are at most ~0.3 s (~20 steps) apart: the model they see is nearly the same.
-    args = FAST + ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "0.3", "--linger", "-1",
-                   "--steps", "100000", "--slowdown", "50", "--eval-every", "0.3"]
+    # Slowed down (~120 steps/s) so that the last checkpoint and the last evaluation before the
+    # kill are at most ~0.15 s (~20 steps) apart: the model they see is nearly the same.
+    args = FAST + ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "0.15", "--linger", "-1",
+                   "--steps", "100000", "--slowdown", "25", "--eval-every", "0.15"]
     with LocalSwarm(1, tmp_path, args) as swarm:
         swarm.start()
-        wait_until(lambda: (s := status(swarm, 0)) and (s["checkpoint"].get("last_step") or 0) > 400, 60,
-                   what="a checkpoint past step 400")
+        wait_until(lambda: (s := status(swarm, 0)) and (s["checkpoint"].get("last_step") or 0) > 400, 120,
+                   what="a checkpoint past step 400")  # (the deadline includes the start-up: ~45 s at load 15)
         before = status(swarm, 0)
         swarm.kill(0, signal.SIGKILL)
         swarm.procs[0].wait(10)
@@ -181,13 +182,18 @@ def test_checkpoints_of_another_model_are_refused_and_damaged_ones_skipped_loudl
 def test_export_writes_a_state_dict_the_task_model_loads_with_the_reported_accuracy(tmp_path):
     task = load_task("synthetic")
     args = FAST + ["--linger", "-1", "--steps", "400", "--checkpoint-dir", str(tmp_path / "ckpt")]
-    with LocalSwarm(1, tmp_path, args) as swarm:
+    with LocalSwarm(1, tmp_path, args) as swarm, ThreadPoolExecutor(3) as pool:
         swarm.start()
         reported = wait_until(lambda: (s := status(swarm, 0)) and s["phase"] == "lingering" and s["accuracy"] > 0 and s,
                               60, what="training to finish")
-        for how, out in (("--peer", tmp_path / "live.pt"), ("--peer", tmp_path / "live.safetensors")):
-            fmt = "safetensors" if out.suffix == ".safetensors" else "torch"
-            code, stdout, err = run_cli("export", how, swarm.addrs[0], "--out", str(out), "--format", fmt)
+        # the three exports side by side: two of the live node, one of a directory that is not there
+        nothing = pool.submit(run_cli, "export", "--from", str(tmp_path / "nothing"), "--out", str(tmp_path / "x.pt"))
+        outs = [tmp_path / "live.pt", tmp_path / "live.safetensors"]
+        fmts = ["safetensors" if out.suffix == ".safetensors" else "torch" for out in outs]
+        exports = [pool.submit(run_cli, "export", "--peer", swarm.addrs[0], "--out", str(out), "--format", fmt)
+                   for out, fmt in zip(outs, fmts)]
+        for out, fmt, done in zip(outs, fmts, exports):
+            code, stdout, err = done.result()
             assert code == 0, err
             if fmt == "torch":
                 weights = torch.load(out, weights_only=True)
@@ -204,5 +210,5 @@ def test_export_writes_a_state_dict_the_task_model_loads_with_the_reported_accur
     model = task.make_model()
     model.load_state_dict(torch.load(tmp_path / "final.pt", weights_only=True))  # the clean stop's checkpoint
     assert task.evaluate(model)["accuracy"] == pytest.approx(reported["accuracy"], abs=1e-6)
-    code, _, err = run_cli("export", "--from", str(tmp_path / "nothing"), "--out", str(tmp_path / "x.pt"))
+    code, _, err = nothing.result()
     assert code == 1 and "no such file or directory" in err[0]
