@@ -166,7 +166,8 @@ class Node:
                 "repair_rounds": avg.get("repair_rounds"), "catch_ups": avg.get("catch_ups_completed"),
                 "repair_bytes": avg.get("repair_bytes"), "inner_steps": avg.get("inner_steps"),
                 "rounds_partial": avg.get("rounds_partial"), "late": avg.get("late"),
-                "round_deadline_ms": avg.get("round_deadline_ms")})
+                "round_deadline_ms": avg.get("round_deadline_ms"), "gate_wait_s": s.get("gate_wait_s"),
+                **self._trained(final)})
         return (f"{'done' if final else s['phase']:9s} step {s['step']:6d}  loss {s['loss']:.4f}  "
                 f"acc {s['accuracy']:.4f}  {s['steps_per_s']:6.1f} step/s  "
                 f"neighbours {len(s.get('neighbours', ()))}  exchanges {avg.get('exchanges_completed', 0)}"
@@ -180,4 +181,15 @@ class Node:
                 + (f"  H {avg['inner_steps']}{' auto' if avg.get('inner_steps_auto') else ''}"
                    if "inner_steps" in avg else "")
                 + (f"  repairs {avg['repairs_completed']}/{avg['repairs_started']} in {avg['repair_rounds']} rounds "
-                   f"{avg['repair_bytes'] / 1e6:.1f} MB" if "repairs_started" in avg else ""))
+                   f"{avg['repair_bytes'] / 1e6:.1f} MB" if "repairs_started" in avg else "")
+                + (f"  waited {s['gate_wait_s']:.1f}s" if s.get("gate_waits") else "")
+                + "".join(f"  {k} {v}" for k, v in self._trained(final).items()))
+
+    def _trained(self, final: bool) -> dict[str, float]:
+        """On the last line: when training began and its last step ended (wall clock), so a
+        benchmark can time the training phase without start-up (bench/slow_links.py)."""
+        loop = self.loop
+        if not final or loop is None or loop.started_at is None or loop.ended_at is None:
+            return {}
+        return {"train_started_at": loop.started_at, "train_ended_at": loop.ended_at,
+                "evaluations": loop.state.evaluations}

@@ -447,9 +447,12 @@ class Swarm:
         return {**self._cached_status, **self._training_fields()}
 
     def _training_fields(self) -> dict[str, Any]:
+        hooks = getattr(self, "hooks", None)  # made by start()
         return {"phase": self.phase, "step": self._step, "steps_per_s": round(self.steps_per_s, 3),
                 "loss": self.metrics.get("loss", math.nan), "accuracy": self.metrics.get("accuracy", math.nan),
                 "eval_loss": self.metrics.get("eval_loss", math.nan),
+                # written by the trainer thread, so current after close() too (the last progress line)
+                "gate_wait_s": round(hooks.gate_wait_s, 3) if hooks else 0.0, "gate_waits": hooks.gate_waits if hooks else 0,
                 **{k: v for k, v in self.metrics.items() if k not in ("loss", "accuracy", "eval_loss")}}
 
     def _status_now(self) -> dict[str, Any]:
