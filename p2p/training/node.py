@@ -116,30 +116,35 @@ class Node:
                     self.print_line(f"resumed at step {swarm.step} from {where}: accuracy {self.loop.state.accuracy:.4f}")
             progress.start()
             self.loop.run(swarm.stop_event, cfg.steps, cfg.duration_s)
+            evaluated = swarm.flat.landed  # the loop's last evaluation saw the model as it is now
             bounded = cfg.steps is not None or cfg.duration_s is not None
             swarm.finish(linger_s=0.0)  # the algorithm learns training is over
             if bounded and not swarm.stop_requested:
-                self._linger(cfg.swarm.linger_s)
+                self._linger(cfg.swarm.linger_s, evaluated)
         except BaseException:
             swarm.close(linger_s=0.0, checkpoint=False)  # a failed (maybe diverged) run keeps its last good checkpoint
             raise
         swarm.close()
         self.print_line(self._progress_line(final=True))
 
-    def _linger(self, seconds: Optional[float]) -> None:
+    def _linger(self, seconds: Optional[float], evaluated: int) -> None:
         """Keep mixing; re-evaluate once the model changed (even if the last deltas came just
-        after an evaluation: the reported accuracy must catch up with the mixed model)."""
-        last_eval, unevaluated = time.monotonic(), 0
+        after an evaluation: the reported accuracy must catch up with the mixed model).
+        ``evaluated``: the model's version (``FlatParams.landed``) the last evaluation saw; an
+        unchanged model is not evaluated again at the end (with ``--linger 0`` it was evaluated
+        twice: on the wide task one evaluation costs ~15 training steps of CPU)."""
+        flat, last_eval = self.swarm.flat, time.monotonic()
 
         def on_tick(applied: int) -> None:
-            nonlocal last_eval, unevaluated
-            unevaluated += applied
-            if unevaluated and time.monotonic() - last_eval >= self.config.eval_every_s:
+            nonlocal last_eval, evaluated
+            if flat.landed != evaluated and time.monotonic() - last_eval >= self.config.eval_every_s:
+                evaluated = flat.landed  # this thread is the only one that lands deltas
                 self.loop.evaluate()
-                last_eval, unevaluated = time.monotonic(), 0
+                last_eval = time.monotonic()
 
         self.swarm.linger(seconds, on_tick)
-        self.loop.evaluate()
+        if flat.landed != evaluated:
+            self.loop.evaluate()
 
     def _progress(self) -> None:
         if self.config.log_every_s <= 0:
