@@ -58,6 +58,7 @@ from p2p.gossip import Membership
 from p2p.gossip.messages import ALIVE, DEAD, LEFT, STATE_NAMES, SUSPECT
 from p2p.net.control import ModelReply, StateReply
 from p2p.net.driver import DriverBusy, DriverStopped, NetworkDriver
+from p2p.net.heap import grow_bytes_for
 from p2p.net.identity import AllowFile, load_identity_file, public_line
 from p2p.net.keyring import KeyFile, KeyFileError
 from p2p.net.ports import advertised_address, bind_transport
@@ -249,6 +250,7 @@ class Swarm:
         self._driver = NetworkDriver(transport, self.peer, self.address, self._status_now, self._state_reply,
                                      avg.exchange_timeout_s, self.hooks, model_reply=self._model_reply, tamper=tamper,
                                      key_file=key_file, allow_file=self._allow_file)
+        self._driver.trimmer.grow_bytes = grow_bytes_for(4 * self.flat.numel)  # not a round's swing (heap.py)
 
     def _accept(self, state: TrainingState) -> None:
         """Load a donor's state (StateError: it does not fit; the next donor's replaces it)."""
