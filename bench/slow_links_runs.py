@@ -98,14 +98,15 @@ def _stop(procs: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
 
 # A node's progress line (p2p/training/node.py): "<phase> step N  loss L  acc A  ..."; the last is
 # "done", and ends with when training began and ended (train_started_at T  train_ended_at T, wall
-# clock) and how many evaluations it ran (evaluations N); any line may say how long the trainer waited at the algorithm's gates (waited Ss)
+# clock), how many evaluations it ran (evaluations N) and its network thread's CPU seconds
+# (network_cpu_s S); any line may say how long the trainer waited at the algorithm's gates (waited Ss)
 _PROGRESS = re.compile(r"^(\w+)\s+step\s+(\d+)\s+loss\s+\S+\s+acc\s+(\S+)")
 _WAITED = re.compile(r"\bwaited (\d+(?:\.\d+)?)s\b")
-_TRAINED = re.compile(r"\b(train_started_at|train_ended_at|evaluations) (\d+(?:\.\d+)?)\b")
+_TRAINED = re.compile(r"\b(train_started_at|train_ended_at|evaluations|network_cpu_s) (\d+(?:\.\d+)?)\b")
 
 
 def parse_progress(line: str) -> Optional[dict[str, Any]]:
-    """A node's progress line as {phase, step, acc[, waited, train_started_at, train_ended_at, evaluations]}."""
+    """A node's progress line as {phase, step, acc[, waited, train_started_at, train_ended_at, evaluations, network_cpu_s]}."""
     line = line.strip()
     match = _PROGRESS.match(line)
     if not match:

@@ -13,6 +13,9 @@ Per run and method:
 - train_time_s: launch until the last peer's last step (start-up included, as slow_links.py);
 - train_phase_s: from the last peer's first step to the last peer's last step (start-up
   excluded; the p2p node's last progress line gives both times, compute-only its JSON lines);
+- network_cpu_s_per_step: p2p: the CPU seconds of the node's network thread (rounds, codecs,
+  robust mixing, status answers; ``p2p status``: network_cpu_s) over its steps, mean over peers:
+  averaging's own CPU, apart from evaluations and start-up;
 - gate_wait_s: p2p: seconds the trainer waited at the algorithm's gates (outer rounds), mean over peers;
 - evaluations: per peer. Every method evaluates every ``--eval-every`` wall seconds, and on the
   wide task one evaluation (4000 samples) costs ~40 training steps of compute, so a run slowed
@@ -101,9 +104,10 @@ def run_once(method: str, peers: int, steps: int, task: str, seed: int, eval_eve
         if p.returncode is None:
             p.kill()
             p.wait()
-    started, ended, waits, evals = [], [], [], []
+    started, ended, waits, evals, nets = [], [], [], [], []
     for i in range(peers):
-        first, last, wait, n = _phase(log_dir / f"peer{i}.log", method)
+        first, last, wait, n, net = _phase(log_dir / f"peer{i}.log", method)
+        nets.append(net)
         started.append(first)
         ended.append(last)
         waits.append(wait)
@@ -118,6 +122,7 @@ def run_once(method: str, peers: int, steps: int, task: str, seed: int, eval_eve
         "startup_cpu_s": [None if c is None else round(c, 2) for c in startup_cpu],
         "gate_wait_s": round(statistics.mean(waits), 2) if None not in waits else None,
         "evaluations": evals,
+        "network_cpu_s_per_step": round(statistics.mean(nets) / steps, 5) if None not in nets else None,
         "logs": str(log_dir)}
 
 
@@ -132,9 +137,10 @@ def _step_of(line: str, method: str) -> Optional[int]:
     return None if progress is None else progress["step"]
 
 
-def _phase(path: Path, method: str) -> tuple[Optional[float], Optional[float], Optional[float], Optional[int]]:
-    """(first step's start, last step's end, gate wait, evaluations) of one peer from its log."""
-    first = last = wait = evals = None
+def _phase(path: Path, method: str) -> tuple:
+    """(first step's start, last step's end, gate wait, evaluations, network thread CPU) of one
+    peer from its log (compute-only: no network thread, 0)."""
+    first = last = wait = evals = net = None
     text = path.read_text(errors="replace").splitlines() if path.exists() else []
     for line in text:
         if method == "compute_only":
@@ -146,14 +152,15 @@ def _phase(path: Path, method: str) -> tuple[Optional[float], Optional[float], O
             if rec.get("event") == "start":
                 first = rec["t"]
             elif rec.get("event") == "done":
-                last, wait = rec["t"], 0.0
+                last, wait, net = rec["t"], 0.0, 0.0
         else:
             progress = parse_progress(line)
             if progress and progress["phase"] == "done":
                 first, last = progress.get("train_started_at"), progress.get("train_ended_at")
                 wait = progress.get("waited", 0.0)
                 evals = int(progress["evaluations"]) if "evaluations" in progress else None
-    return first, last, wait, evals
+                net = progress.get("network_cpu_s")
+    return first, last, wait, evals, net
 
 
 def main(argv=None) -> int:
@@ -198,7 +205,7 @@ def summarise(runs: list[dict[str, Any]], methods: list[str]) -> dict[str, dict[
     for m in methods:
         mine = [r for r in runs if r["method"] == m]
         s: dict[str, Any] = {"runs": len(mine), "ok": sum(r["ok"] for r in mine)}
-        for key in ("train_time_s", "train_phase_s", "cpu_s_per_step", "gate_wait_s"):
+        for key in ("train_time_s", "train_phase_s", "cpu_s_per_step", "gate_wait_s", "network_cpu_s_per_step"):
             values = [r[key] for r in mine if r[key] is not None]
             s[key] = _mean(values)
             if key in base and base[key] and values:

@@ -199,7 +199,9 @@ def test_a_nodes_last_progress_line_gives_its_training_phase_and_gate_wait():
     assert parse("training  step     75  loss 1.6574  acc nan     2.6 step/s  H 25") == {
         "phase": "training", "step": 75, "acc": pytest.approx(float("nan"), nan_ok=True)}
     last = parse("done      step    300  loss 0.7076  acc 0.8173     1.5 step/s  neighbours 1  H 25  "
-                 "waited 25.7s  train_started_at 1795676832.861  train_ended_at 1795677017.618  evaluations 41")
+                 "waited 25.7s  train_started_at 1795676832.861  train_ended_at 1795677017.618  evaluations 41  "
+                 "network_cpu_s 12.5")
     assert (last["phase"], last["step"], last["waited"], last["evaluations"]) == ("done", 300, 25.7, 41)
+    assert last["network_cpu_s"] == 12.5
     assert last["train_ended_at"] - last["train_started_at"] == pytest.approx(184.757)
     assert parse("node abc listening on 127.0.0.1:7000") is None

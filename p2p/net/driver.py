@@ -95,6 +95,7 @@ class NetworkDriver:
         self._next_housekeeping = 0.0
         self._next_trim = 0.0
         self.trimmer = Trimmer()
+        self.cpu_s = 0.0  # the network thread's CPU seconds: what averaging takes from training's CPU
         self._thread = threading.Thread(target=self._run, name="p2p-network", daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -168,6 +169,7 @@ class NetworkDriver:
             log.exception("network loop failed")
             self.error = exc
         finally:
+            self.cpu_s = time.thread_time()
             self.last_turn = -math.inf
             self.finished.set()
             if self.hooks is not None:
@@ -190,6 +192,7 @@ class NetworkDriver:
             self._run_calls()
             now = time.monotonic()
             if now >= self._next_housekeeping:
+                self.cpu_s = time.thread_time()  # this thread's CPU seconds so far (status: network_cpu_s)
                 self.transport.housekeeping(now, self.peer.neighbours())
                 self._reload_keys()
                 self._reload_allowed()

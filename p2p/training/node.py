@@ -172,7 +172,7 @@ class Node:
                 "repair_bytes": avg.get("repair_bytes"), "inner_steps": avg.get("inner_steps"),
                 "rounds_partial": avg.get("rounds_partial"), "late": avg.get("late"),
                 "round_deadline_ms": avg.get("round_deadline_ms"), "gate_wait_s": s.get("gate_wait_s"),
-                **self._trained(final)})
+                **self._trained(final, s)})
         return (f"{'done' if final else s['phase']:9s} step {s['step']:6d}  loss {s['loss']:.4f}  "
                 f"acc {s['accuracy']:.4f}  {s['steps_per_s']:6.1f} step/s  "
                 f"neighbours {len(s.get('neighbours', ()))}  exchanges {avg.get('exchanges_completed', 0)}"
@@ -188,13 +188,14 @@ class Node:
                 + (f"  repairs {avg['repairs_completed']}/{avg['repairs_started']} in {avg['repair_rounds']} rounds "
                    f"{avg['repair_bytes'] / 1e6:.1f} MB" if "repairs_started" in avg else "")
                 + (f"  waited {s['gate_wait_s']:.1f}s" if s.get("gate_waits") else "")
-                + "".join(f"  {k} {v}" for k, v in self._trained(final).items()))
+                + "".join(f"  {k} {v}" for k, v in self._trained(final, s).items()))
 
-    def _trained(self, final: bool) -> dict[str, float]:
+    def _trained(self, final: bool, s: dict) -> dict[str, float]:
         """On the last line: when training began and its last step ended (wall clock), so a
-        benchmark can time the training phase without start-up (bench/slow_links.py)."""
+        benchmark can time the training phase without start-up (bench/slow_links.py), and the
+        CPU seconds the network thread (exchanges, codecs, status) took."""
         loop = self.loop
         if not final or loop is None or loop.started_at is None or loop.ended_at is None:
             return {}
         return {"train_started_at": loop.started_at, "train_ended_at": loop.ended_at,
-                "evaluations": loop.state.evaluations}
+                "evaluations": loop.state.evaluations, "network_cpu_s": s.get("network_cpu_s")}

@@ -471,7 +471,7 @@ class Swarm:
             "send_drops": t.send_drops, "transfers_abandoned": t.transfers_abandoned,
             "bulk_connections_refused": t.connections_refused, "bulk_slow_closed": t.slow_closed,
             "peer_sockets": t.peer_sockets, "peer_sockets_evicted": t.peer_sockets_evicted,
-            "heap_trims": self._driver.trimmer.trims, "rejected": dict(self._driver.rejected),
+            "heap_trims": self._driver.trimmer.trims, "network_cpu_s": round(self._driver.cpu_s, 3), "rejected": dict(self._driver.rejected),
             "averaging": dict(peer.averager.stats), "consensus": peer.averager.disagreement.value,
             "robust": peer.averager.robust.report(now), "hostile": self.config.hostile,
             "uptime_s": round(now - self._started_at, 3),
