@@ -96,6 +96,7 @@ class NetworkDriver:
         self._next_trim = 0.0
         self.trimmer = Trimmer()
         self.cpu_s = 0.0  # the network thread's CPU seconds: what averaging takes from training's CPU
+        self.turns = 0  # times the loop went round (status: a loop that spins shows here)
         self._thread = threading.Thread(target=self._run, name="p2p-network", daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -180,6 +181,7 @@ class NetworkDriver:
         shutdown_deadline = None
         while True:
             now = self.last_turn = time.monotonic()
+            self.turns += 1
             if self.stop_requested.is_set():
                 if shutdown_deadline is None:
                     shutdown_deadline = now + self.shutdown_grace_s
