@@ -46,7 +46,18 @@ same way for all):
   compute-only's start-up (start_s: launch until the last worker began training). What DDP
   would take with infinite bandwidth. Needs ddp and compute_only in the run;
 - per-step overhead (step_overhead): train_time_s / compute-only's train_time_s - 1 (start-up
-  included in both).
+  included in both);
+- training phase (train_phase_s, phase_overhead): from the last peer's first step to the last
+  peer's last step, start-up (imports, data, joining or rendezvous) and the last evaluation
+  excluded (p2p nodes' last progress line gives both times, workers' JSON lines the "start" and
+  "done" times), and its ratio to compute-only's - 1;
+- CPU per step (cpu_s_per_step, cpu_overhead): user + system CPU seconds of the method's
+  processes (every thread, start-up and evaluations included; this orchestrator's reaped
+  children) / (peers x steps), and its ratio to compute-only's - 1. What the network thread,
+  codecs and status work take from training shows here even when the load moves wall times;
+  a run slowed by load still evaluates more often (every --eval-every wall seconds), which this
+  counts too. Only for runs that completed their steps.
+  The trainer's wait at the outer rounds is in the node's "waited Ns" (``p2p status``: gate_wait_s).
 Ratios in the table (time to target / compute-only's, / DDP's at the same rate) come from this
 one run only: the machine is shared, so compare within a run, never across runs.
 

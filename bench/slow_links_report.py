@@ -58,6 +58,10 @@ def compare_with_bounds(results: dict[str, dict[str, Result]]) -> None:
             r.ideal_s, r.ideal_high_s = ideal_s, ideal_high_s
             if co is not None and co.train_time_s and r.train_time_s:
                 r.step_overhead = round(r.train_time_s / co.train_time_s - 1, 4)
+            if co is not None and co.train_phase_s and r.train_phase_s:
+                r.phase_overhead = round(r.train_phase_s / co.train_phase_s - 1, 4)
+            if co is not None and co.cpu_s_per_step and r.cpu_s_per_step:
+                r.cpu_overhead = round(r.cpu_s_per_step / co.cpu_s_per_step - 1, 4)
 
 
 def fmt(x: Optional[float], digits: int = 1) -> str:
@@ -102,6 +106,7 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
     if s.target_high is not None:
         lines += _high_target_table(results, s)
     lines += _equal_steps_table(results)
+    lines += _overhead_table(results)
     ideal = next((r for by in results.values() for r in by.values()), None)
     lines += ["", f"Ideal bound (× ideal): DDP's steps to the target at compute-only's seconds per step, plus "
               f"compute-only's start-up: {fmt(ideal.ideal_s if ideal else None)} s to {s.target:g}"
@@ -119,6 +124,23 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
 
 def _percent(x: Optional[float]) -> str:
     return "—" if x is None else f"{100 * x:+.0f}%"
+
+
+def _overhead_table(results: dict[str, dict[str, Result]]) -> list[str]:
+    """What communication costs training, three ways (definitions in bench/slow_links.py)."""
+    lines = ["", "## Per-step overhead over compute-only", "",
+             "Train time: launch to the last peer's last step (start-up included); training phase: "
+             "the last peer's first step to the last peer's last step; CPU: seconds of CPU (all "
+             "processes and threads, start-up and evaluations included) per peer-step. The CPU "
+             "figure moves least with the machine's load.", "",
+             "| rate | method | train time (s) | overhead | training phase (s) | overhead | CPU s / step | overhead |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for rate, by_method in results.items():
+        for name, r in by_method.items():
+            lines.append(f"| {rate} | {name} | {fmt(r.train_time_s)} | {_percent(r.step_overhead)} "
+                         f"| {fmt(r.train_phase_s)} | {_percent(r.phase_overhead)} "
+                         f"| {fmt(r.cpu_s_per_step, 4)} | {_percent(r.cpu_overhead)} |")
+    return lines
 
 
 def _equal_steps_table(results: dict[str, dict[str, Result]]) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -51,6 +52,10 @@ class Result:
     ideal_s: Optional[float] = None  # the ideal bound at this rate (bench/slow_links.py, "x ideal")
     ideal_high_s: Optional[float] = None
     step_overhead: Optional[float] = None  # train time / compute-only's - 1
+    train_phase_s: Optional[float] = None  # last peer's first step to last peer's last step (no start-up)
+    phase_overhead: Optional[float] = None  # train_phase_s / compute-only's - 1
+    cpu_s_per_step: Optional[float] = None  # CPU seconds (all processes, all threads) / (peers x steps)
+    cpu_overhead: Optional[float] = None  # cpu_s_per_step / compute-only's - 1
     bytes_each: list[int] = field(default_factory=list)
     curve: list[tuple[float, float]] = field(default_factory=list)  # (s since launch, mean acc)
     step_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, mean acc)
@@ -91,8 +96,37 @@ def _stop(procs: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
             p.wait()
 
 
-# A node's progress line (p2p/training/node.py): "<phase> step N  loss L  acc A  ..."; the last is "done".
+# A node's progress line (p2p/training/node.py): "<phase> step N  loss L  acc A  ..."; the last is
+# "done", and ends with when training began and ended (train_started_at T  train_ended_at T, wall
+# clock), how many evaluations it ran (evaluations N) and its network thread's CPU seconds
+# (network_cpu_s S); any line may say how long the trainer waited at the algorithm's gates (waited Ss)
 _PROGRESS = re.compile(r"^(\w+)\s+step\s+(\d+)\s+loss\s+\S+\s+acc\s+(\S+)")
+_WAITED = re.compile(r"\bwaited (\d+(?:\.\d+)?)s\b")
+_TRAINED = re.compile(r"\b(train_started_at|train_ended_at|evaluations|network_cpu_s) (\d+(?:\.\d+)?)\b")
+
+
+def parse_progress(line: str) -> Optional[dict[str, Any]]:
+    """A node's progress line as {phase, step, acc[, waited, train_started_at, train_ended_at, evaluations, network_cpu_s]}."""
+    line = line.strip()
+    match = _PROGRESS.match(line)
+    if not match:
+        return None
+    out: dict[str, Any] = {"phase": match.group(1), "step": int(match.group(2)), "acc": float(match.group(3))}
+    waited = _WAITED.search(line)
+    if waited:
+        out["waited"] = float(waited.group(1))
+    out.update((k, float(v)) for k, v in _TRAINED.findall(line))
+    return out
+
+
+def p2p_node_args(task: str, steps: int, seed: int, eval_every: float, poll: float, peers: int,
+                  extra: list[str]) -> list[str]:
+    """The ``p2p start`` arguments of a benchmark node, but --listen, --join and --shard."""
+    # --min-members: training starts when all peers are up, as the gloo methods' rendezvous does;
+    # without it the first peer trained alone while the others started, and a late one took the
+    # swarm's state by sync (26 MB, 30-55 s at 20 Mbit/s), so runs differed by who came up when
+    return ["--task", task, "--steps", str(steps), "--seed", str(seed), "--eval-every", str(eval_every),
+            "--log-every", str(poll), "--linger", "0", "--join-timeout", "120", "--min-members", str(peers), *extra]
 
 
 class LogTail:
@@ -118,12 +152,7 @@ def run_p2p(lab: Lab, name: str, extra: list[str], s: Settings, log_dir: Path) -
     ``--poll`` seconds, timestamped when read), not from status queries: a busy node can take
     seconds to answer those, and they would add traffic to the shaped links."""
     res = Result(name, lab.rate or "unlimited")
-    node_args = ["--task", s.task, "--steps", str(s.steps), "--seed", str(s.seed),
-                 "--eval-every", str(s.eval_every), "--log-every", str(s.poll), "--linger", "0",
-                 "--join-timeout", "120", "--min-members", str(s.peers), *extra]
-    # --min-members: training starts when all peers are up, as the gloo methods' rendezvous does;
-    # without it the first peer trained alone while the others started, and a late one took the
-    # swarm's state by sync (26 MB, 30-55 s at 20 Mbit/s), so runs differed by who came up when
+    node_args = p2p_node_args(s.task, s.steps, s.seed, s.eval_every, s.poll, s.peers, extra)
     per_peer = [["--shard", f"{i}/{s.peers}"] for i in range(s.peers)]
     swarm = LabSwarm(lab, log_dir, node_args, port=P2P_PORT, per_peer_args=per_peer)
     tails = [LogTail(log_dir / f"peer{i}.log") for i in range(s.peers)]
@@ -131,19 +160,23 @@ def run_p2p(lab: Lab, name: str, extra: list[str], s: Settings, log_dir: Path) -
     by_step: list[list[tuple[int, float]]] = [[] for _ in range(s.peers)]
     steps = [0] * s.peers
     finished: list[Optional[float]] = [None] * s.peers
+    trained: list[Optional[tuple[float, float]]] = [None] * s.peers
     tx0 = [lab.tx_bytes(i) for i in range(s.peers)]
     t0 = time.time()
     sent = BytesSampler(lab, tx0, t0)
+    cpu0 = children_cpu_s()
 
     def read(now: float) -> None:
         for i, tail in enumerate(tails):
             for line in tail.lines():
-                match = _PROGRESS.match(line.strip())
-                if not match:
+                progress = parse_progress(line)
+                if progress is None:
                     continue
-                steps[i] = max(steps[i], int(match.group(2)))
-                acc = float(match.group(3))
-                if not math.isnan(acc) and (not series[i] or series[i][-1][1] != acc or match.group(1) == "done"):
+                steps[i] = max(steps[i], progress["step"])
+                acc = progress["acc"]
+                if "train_started_at" in progress:  # the last line
+                    trained[i] = (progress["train_started_at"], progress["train_ended_at"])
+                if not math.isnan(acc) and (not series[i] or series[i][-1][1] != acc or progress["phase"] == "done"):
                     series[i].append((now, acc))
                     by_step[i].append((steps[i], acc))
                 if finished[i] is None and steps[i] >= s.steps:
@@ -163,8 +196,19 @@ def run_p2p(lab: Lab, name: str, extra: list[str], s: Settings, log_dir: Path) -
     read(time.time() - t0)
     if res.status == "ok" and any(c != 0 for c in codes):
         res.status = f"failed: exit codes {codes} (logs in {log_dir})"
-    _finish(res, lab, sent, series, by_step, steps, finished, s)
+    if all(t is not None for t in trained):
+        res.start_s = round(max(a for a, _ in trained) - t0, 3)
+        res.train_phase_s = round(max(b for _, b in trained) - max(a for a, _ in trained), 3)
+    _finish(res, lab, sent, series, by_step, steps, finished, s, cpu0)
     return res
+
+
+def children_cpu_s() -> float:
+    """User + system CPU seconds of this process's reaped children (all their threads): a
+    method's processes are reaped before the next starts, so the difference around one run is
+    theirs (and the `ip netns exec` that execs each; the lab's tc and ip commands run before)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 class BytesSampler:
@@ -204,6 +248,7 @@ def run_workers(lab: Lab, method: str, s: Settings, log_dir: Path) -> Result:
     tx0 = [lab.tx_bytes(i) for i in range(s.peers)]
     t0 = time.time()
     sent = BytesSampler(lab, tx0, t0)
+    cpu0 = children_cpu_s()
     try:
         for i in range(s.peers):
             if method == "ddp" or method.startswith(LOCAL_SGD):
@@ -232,6 +277,7 @@ def run_workers(lab: Lab, method: str, s: Settings, log_dir: Path) -> Result:
     by_step: list[list[tuple[int, float]]] = [[] for _ in range(s.peers)]
     steps = [0] * s.peers
     finished: list[Optional[float]] = [None] * s.peers
+    ended: list[Optional[float]] = [None] * s.peers  # the last step's end (the done line's time, before its evaluation)
     for i in range(s.peers):
         for rec in _common.read_jsonl(log_dir / f"peer{i}.log"):
             t = rec["t"] - t0
@@ -240,17 +286,22 @@ def run_workers(lab: Lab, method: str, s: Settings, log_dir: Path) -> Result:
                 series[i].append((t, float(rec["accuracy"])))
                 by_step[i].append((int(rec.get("step", 0)), float(rec["accuracy"])))
             if rec.get("event") == "done":
-                finished[i] = t
+                finished[i] = ended[i] = t
             if rec.get("event") == "start":
                 res.start_s = t if res.start_s is None else max(res.start_s, t)
+    if res.start_s is not None and all(e is not None for e in ended):
+        res.train_phase_s = round(max(ended) - res.start_s, 3)
     if method == "ddp":  # one model: rank 0's evaluations are every rank's
         series, by_step = [series[0]], [by_step[0]]
-    _finish(res, lab, sent, series, by_step, steps, finished, s)
+    _finish(res, lab, sent, series, by_step, steps, finished, s, cpu0)
     return res
 
 
-def _finish(res: Result, lab: Lab, sent: BytesSampler, series, by_step, steps, finished, s: Settings) -> None:
+def _finish(res: Result, lab: Lab, sent: BytesSampler, series, by_step, steps, finished, s: Settings,
+            cpu0: float) -> None:
     sent.sample()
+    if res.status == "ok" and min(steps, default=0) >= s.steps:
+        res.cpu_s_per_step = round((children_cpu_s() - cpu0) / (s.peers * s.steps), 4)
     res.bytes_each = [lab.tx_bytes(i) - sent.tx0[i] for i in range(s.peers)]
     res.bytes_per_peer = sum(res.bytes_each) / s.peers
     res.bytes_curve = [(t, round(b)) for t, b in sent.curve]

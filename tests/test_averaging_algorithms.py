@@ -333,6 +333,26 @@ def test_diloco_several_gossip_rounds_continue_through_tick():
     np.testing.assert_allclose(pa.x, pb.x)
 
 
+@pytest.mark.parametrize("lr", [1.0, 0.5])
+def test_diloco_without_momentum_steps_by_lr_times_the_average_and_keeps_it_as_momentum(lr):
+    # momentum 0 takes a shorter path (SparseLoCo's rule, the benchmark's best): the same step
+    options = DiLoCoConfig(1, outer_lr=lr, outer_momentum=0.0)
+    pa, a = make(DiLoCo, [1, 1, 1, 1], AveragingConfig(round_timeout_s=1.0), options=options)
+    pb, b = make(DiLoCo, [1, 1, 1, 1], AveragingConfig(round_timeout_s=1.0), options=options)
+    pa.x -= np.array([0.5, 0.5, 1.0, 0.0], dtype=np.float32)
+    pb.x -= np.array([0.25, 0.75, 0.0, 0.0], dtype=np.float32)
+    sa, sb = a.after_step(1, 0.0, ["b"]), b.after_step(1, 0.0, ["a"])
+    deliver(a, sb, "b", 0.1)
+    deliver(b, sa, "a", 0.1)
+    assert a.may_step(2, 0.1) and b.may_step(2, 0.1)
+    average = np.array([0.375, 0.625, 0.5, 0.0], dtype=np.float32)
+    for port, alg in ((pa, a), (pb, b)):
+        np.testing.assert_allclose(port.x, 1 - lr * average, rtol=1e-6)
+        np.testing.assert_allclose(alg.state_dict()["momentum"], average, rtol=1e-6)
+    a.state_dict()["momentum"][:] = 9  # the buffer is a copy of nobody else's array
+    np.testing.assert_allclose(a.outer_parameters, 1 - lr * average, rtol=1e-6)
+
+
 def test_diloco_alone_steps_with_its_own_pseudo_gradient():
     pa, a = make(DiLoCo, [1, 1, 1, 1], AveragingConfig(), options=DiLoCoConfig(1, outer_lr=1.0, outer_momentum=0.0))
     pa.x -= 0.5

@@ -1,7 +1,7 @@
 """When the node gives the C heap's free memory back (p2p/net/heap.py): on growth of its
 anonymous RSS, not on a count of messages."""
 
-from p2p.net.heap import Trimmer, anonymous_rss
+from p2p.net.heap import GROW_BYTES, Trimmer, anonymous_rss, grow_bytes_for
 
 MB = 1 << 20
 
@@ -57,3 +57,14 @@ def test_without_malloc_trim_nothing_is_read_or_called():
 def test_the_anonymous_rss_is_read_from_proc():
     rss = anonymous_rss()
     assert rss is None or rss > MB
+
+
+def test_a_rounds_swing_of_model_copies_is_not_worth_a_trim():
+    assert grow_bytes_for(50_000) == GROW_BYTES  # a small model: the flood threshold
+    model = 4 * 2_177_546  # the wide task's fp32 copy
+    p = FakeProcess(300 * MB)
+    t = Trimmer(grow_bytes_for(model), p.rss, p.trim)
+    p.now += 4 * model  # a round's temporaries, not yet given back by glibc
+    assert not t.check() and p.trims == 0
+    p.now += 5 * model  # more than a round's swing: a flood or a leak
+    assert t.check() and p.trims == 1

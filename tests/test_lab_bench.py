@@ -181,3 +181,27 @@ def test_ddp_worker_trains_with_gloo_across_two_shaped_namespaces():
                 p.kill()
                 p.wait()
         lab.down()
+
+
+def test_overhead_is_also_reported_without_start_up_and_in_cpu_seconds():
+    co = slow_links_runs.Result("compute_only", "20mbit", train_time_s=110.0, train_phase_s=100.0, cpu_s_per_step=0.02)
+    ours = slow_links_runs.Result("p2p-x", "20mbit", train_time_s=132.0, train_phase_s=105.0, cpu_s_per_step=0.021)
+    results = {"20mbit": {"compute_only": co, "p2p-x": ours}}
+    slow_links_report.compare_with_bounds(results)
+    assert ours.step_overhead == pytest.approx(0.2)
+    assert ours.phase_overhead == pytest.approx(0.05) and ours.cpu_overhead == pytest.approx(0.05)
+    table = slow_links_report.markdown(results, slow_links_runs.Settings("t", 4, 1000, 0, 1.0, 0.5, 600, 0.8), 60.0)
+    assert "| 20mbit | p2p-x | 132.0 | +20% | 105.0 | +5% | 0.0210 | +5% |" in table
+
+
+def test_a_nodes_last_progress_line_gives_its_training_phase_and_gate_wait():
+    parse = slow_links_runs.parse_progress
+    assert parse("training  step     75  loss 1.6574  acc nan     2.6 step/s  H 25") == {
+        "phase": "training", "step": 75, "acc": pytest.approx(float("nan"), nan_ok=True)}
+    last = parse("done      step    300  loss 0.7076  acc 0.8173     1.5 step/s  neighbours 1  H 25  "
+                 "waited 25.7s  train_started_at 1795676832.861  train_ended_at 1795677017.618  evaluations 41  "
+                 "network_cpu_s 12.5")
+    assert (last["phase"], last["step"], last["waited"], last["evaluations"]) == ("done", 300, 25.7, 41)
+    assert last["network_cpu_s"] == 12.5
+    assert last["train_ended_at"] - last["train_started_at"] == pytest.approx(184.757)
+    assert parse("node abc listening on 127.0.0.1:7000") is None

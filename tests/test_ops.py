@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -145,8 +146,13 @@ def test_a_config_file_and_the_environment_drive_a_node_and_flags_win(tmp_path):
         code, out, err = run("start", "--config", str(config), env={"P2P_STEPS": "80"})
         assert code == 0, err
         assert "done      step     80" in out  # the environment over the file
-        code, out, err = run("start", "--config", str(config), "--steps", "60", env={"P2P_STEPS": "80"})
+        # the last line says when training began and ended (benchmarks time the training phase from it)
+        assert re.search(r"done .* train_started_at \d+\.\d+  train_ended_at \d+\.\d+  evaluations [1-9]\d*  "
+                         r"network_cpu_s \d+\.\d+", out), out
+        code, out, err = run("start", "--config", str(config), "--steps", "60", "--eval-every", "1000",
+                             env={"P2P_STEPS": "80"})
         assert code == 0 and "done      step     60" in out  # the flag over both
+        assert "evaluations 1" in out  # the last one only: an unchanged model is not evaluated twice
         code, out, err = refused[0].result()
         assert code == 2 and err.strip() == f"p2p: error: {typo}: unknown key 'stepz' (keys are the flags of p2p start, with underscores)"
         code, out, err = refused[1].result()
@@ -164,6 +170,8 @@ def test_json_logs_are_json_line_by_line_with_the_nodes_events(tmp_path):
     assert {"started", "progress", "done", "joined", "member_joined"} <= events, events
     done = [r for r in records if r.get("event") == "done"][-1]
     assert done["step"] == 300 and 0 < done["accuracy"] <= 1
+    assert done["train_started_at"] < done["train_ended_at"] and done["evaluations"] >= 1
+    assert done["network_cpu_s"] > 0  # the network thread's CPU seconds (status: network_cpu_s)
     joined = [r for r in records if r.get("event") == "member_joined"]
     assert joined[0]["member"] == swarm.addrs[0] and joined[0]["level"] == "info"
 

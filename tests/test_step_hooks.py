@@ -54,6 +54,8 @@ def test_trainer_waits_for_the_gate_and_hooks_run_on_the_serving_side():
     assert not trainer.is_alive()
     assert [s.msg for s in sent] == [("grad", 1), ("step", 1)]
     assert hooks.gate_timeouts == 0
+    # the time it spent blocked is counted (status: gate_wait_s), per wait: the gate and the gradient
+    assert hooks.gate_waits == 2 and hooks.gate_wait_s > 0
     hooks.close_trainer_side()
     hooks.close()
 

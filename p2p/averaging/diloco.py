@@ -587,9 +587,13 @@ class DiLoCo(AsynchronousHooks):
     def _outer_step(self, now: float, skipped=()) -> None:
         opts = self.options
         start, delta, momentum = self._payload
-        mu = np.float32(opts.outer_momentum)
-        self._momentum = mu * momentum + delta
-        new_start = start - np.float32(opts.outer_lr) * (delta + mu * self._momentum)
+        mu, lr = np.float32(opts.outer_momentum), np.float32(opts.outer_lr)
+        if mu == 0:  # SparseLoCo's and local SGD's rule: the same values, 4 model-sized passes fewer
+            self._momentum = delta.copy()  # (a copy: the round's log may hold delta, and hold() writes this)
+            new_start = start - delta if lr == 1 else start - lr * delta
+        else:
+            self._momentum = mu * momentum + delta
+            new_start = start - lr * (delta + mu * self._momentum)
         if self._shipped is not None:  # overlap: keep the inner steps taken since the boundary
             move = self._shipped + (new_start - self._start)
         else:

@@ -95,6 +95,8 @@ class NetworkDriver:
         self._next_housekeeping = 0.0
         self._next_trim = 0.0
         self.trimmer = Trimmer()
+        self.cpu_s = 0.0  # the network thread's CPU seconds: what averaging takes from training's CPU
+        self.turns = 0  # times the loop went round (status: a loop that spins shows here)
         self._thread = threading.Thread(target=self._run, name="p2p-network", daemon=True)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -168,6 +170,7 @@ class NetworkDriver:
             log.exception("network loop failed")
             self.error = exc
         finally:
+            self.cpu_s = time.thread_time()
             self.last_turn = -math.inf
             self.finished.set()
             if self.hooks is not None:
@@ -178,6 +181,7 @@ class NetworkDriver:
         shutdown_deadline = None
         while True:
             now = self.last_turn = time.monotonic()
+            self.turns += 1
             if self.stop_requested.is_set():
                 if shutdown_deadline is None:
                     shutdown_deadline = now + self.shutdown_grace_s
@@ -190,6 +194,7 @@ class NetworkDriver:
             self._run_calls()
             now = time.monotonic()
             if now >= self._next_housekeeping:
+                self.cpu_s = time.thread_time()  # this thread's CPU seconds so far (status: network_cpu_s)
                 self.transport.housekeeping(now, self.peer.neighbours())
                 self._reload_keys()
                 self._reload_allowed()

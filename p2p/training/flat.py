@@ -81,6 +81,7 @@ class FlatParams:
         self._spare: Optional[np.ndarray] = None  # the pending sum's buffer, kept between steps: a fresh
         # model-sized array per exchange costs its page faults (~1 ms per 8 MB) on top of the copy
         self._pending_count = 0
+        self.landed = 0  # deltas applied so far: the model's version, for "changed since evaluated?"
 
     @property
     def buffer(self) -> torch.Tensor:
@@ -129,6 +130,7 @@ class FlatParams:
             for g in self.groups:
                 g.buffer.add_(delta[g.start:g.stop])
             self._pending, self._pending_count = None, 0
+            self.landed += count
         return count
 
     def drop_pending(self) -> None:

@@ -116,30 +116,35 @@ class Node:
                     self.print_line(f"resumed at step {swarm.step} from {where}: accuracy {self.loop.state.accuracy:.4f}")
             progress.start()
             self.loop.run(swarm.stop_event, cfg.steps, cfg.duration_s)
+            evaluated = swarm.flat.landed  # the loop's last evaluation saw the model as it is now
             bounded = cfg.steps is not None or cfg.duration_s is not None
             swarm.finish(linger_s=0.0)  # the algorithm learns training is over
             if bounded and not swarm.stop_requested:
-                self._linger(cfg.swarm.linger_s)
+                self._linger(cfg.swarm.linger_s, evaluated)
         except BaseException:
             swarm.close(linger_s=0.0, checkpoint=False)  # a failed (maybe diverged) run keeps its last good checkpoint
             raise
         swarm.close()
         self.print_line(self._progress_line(final=True))
 
-    def _linger(self, seconds: Optional[float]) -> None:
+    def _linger(self, seconds: Optional[float], evaluated: int) -> None:
         """Keep mixing; re-evaluate once the model changed (even if the last deltas came just
-        after an evaluation: the reported accuracy must catch up with the mixed model)."""
-        last_eval, unevaluated = time.monotonic(), 0
+        after an evaluation: the reported accuracy must catch up with the mixed model).
+        ``evaluated``: the model's version (``FlatParams.landed``) the last evaluation saw; an
+        unchanged model is not evaluated again at the end (with ``--linger 0`` it was evaluated
+        twice: on the wide task one evaluation costs ~15 training steps of CPU)."""
+        flat, last_eval = self.swarm.flat, time.monotonic()
 
         def on_tick(applied: int) -> None:
-            nonlocal last_eval, unevaluated
-            unevaluated += applied
-            if unevaluated and time.monotonic() - last_eval >= self.config.eval_every_s:
+            nonlocal last_eval, evaluated
+            if flat.landed != evaluated and time.monotonic() - last_eval >= self.config.eval_every_s:
+                evaluated = flat.landed  # this thread is the only one that lands deltas
                 self.loop.evaluate()
-                last_eval, unevaluated = time.monotonic(), 0
+                last_eval = time.monotonic()
 
         self.swarm.linger(seconds, on_tick)
-        self.loop.evaluate()
+        if flat.landed != evaluated:
+            self.loop.evaluate()
 
     def _progress(self) -> None:
         if self.config.log_every_s <= 0:
@@ -166,7 +171,8 @@ class Node:
                 "repair_rounds": avg.get("repair_rounds"), "catch_ups": avg.get("catch_ups_completed"),
                 "repair_bytes": avg.get("repair_bytes"), "inner_steps": avg.get("inner_steps"),
                 "rounds_partial": avg.get("rounds_partial"), "late": avg.get("late"),
-                "round_deadline_ms": avg.get("round_deadline_ms")})
+                "round_deadline_ms": avg.get("round_deadline_ms"), "gate_wait_s": s.get("gate_wait_s"),
+                **self._trained(final, s)})
         return (f"{'done' if final else s['phase']:9s} step {s['step']:6d}  loss {s['loss']:.4f}  "
                 f"acc {s['accuracy']:.4f}  {s['steps_per_s']:6.1f} step/s  "
                 f"neighbours {len(s.get('neighbours', ()))}  exchanges {avg.get('exchanges_completed', 0)}"
@@ -180,4 +186,16 @@ class Node:
                 + (f"  H {avg['inner_steps']}{' auto' if avg.get('inner_steps_auto') else ''}"
                    if "inner_steps" in avg else "")
                 + (f"  repairs {avg['repairs_completed']}/{avg['repairs_started']} in {avg['repair_rounds']} rounds "
-                   f"{avg['repair_bytes'] / 1e6:.1f} MB" if "repairs_started" in avg else ""))
+                   f"{avg['repair_bytes'] / 1e6:.1f} MB" if "repairs_started" in avg else "")
+                + (f"  waited {s['gate_wait_s']:.1f}s" if s.get("gate_waits") else "")
+                + "".join(f"  {k} {v}" for k, v in self._trained(final, s).items()))
+
+    def _trained(self, final: bool, s: dict) -> dict[str, float]:
+        """On the last line: when training began and its last step ended (wall clock), so a
+        benchmark can time the training phase without start-up (bench/slow_links.py), and the
+        CPU seconds the network thread (exchanges, codecs, status) took."""
+        loop = self.loop
+        if not final or loop is None or loop.started_at is None or loop.ended_at is None:
+            return {}
+        return {"train_started_at": loop.started_at, "train_ended_at": loop.ended_at,
+                "evaluations": loop.state.evaluations, "network_cpu_s": s.get("network_cpu_s")}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import deque
 from typing import Callable, Sequence
 
@@ -44,6 +45,10 @@ class StepHooks:
         self._after_step_wanted = getattr(averager, "after_step_wanted", lambda step: True)
         self.gate_timeout_s = gate_timeout_s  # safety net: the averager's own timeouts come first
         self.gate_timeouts = 0  # times the trainer went on without the averager's go-ahead
+        # Seconds the trainer spent blocked at gates (and how many waits): the round time a
+        # synchronous algorithm costs training, as opposed to CPU taken from it (status)
+        self.gate_wait_s = 0.0
+        self.gate_waits = 0
         self._context = context or zmq.Context.instance()
         self._endpoint = f"inproc://p2p-step-hooks-{next(_ids)}"
         self.wake_socket = self._context.socket(zmq.PULL)  # polled by the network thread
@@ -68,10 +73,13 @@ class StepHooks:
             pass  # a wake-up is already queued
 
     def _wait(self, kind: str, step: int) -> None:
+        started = time.monotonic()
         self._go.clear()
         self._post(kind, step)
         if not self._go.wait(self.gate_timeout_s):
             self.gate_timeouts += 1
+        self.gate_wait_s += time.monotonic() - started
+        self.gate_waits += 1
 
     def before_step(self, step: int) -> None:
         if self.gates_steps and self._gate_wanted(step):

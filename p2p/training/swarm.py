@@ -58,6 +58,7 @@ from p2p.gossip import Membership
 from p2p.gossip.messages import ALIVE, DEAD, LEFT, STATE_NAMES, SUSPECT
 from p2p.net.control import ModelReply, StateReply
 from p2p.net.driver import DriverBusy, DriverStopped, NetworkDriver
+from p2p.net.heap import grow_bytes_for
 from p2p.net.identity import AllowFile, load_identity_file, public_line
 from p2p.net.keyring import KeyFile, KeyFileError
 from p2p.net.ports import advertised_address, bind_transport
@@ -249,6 +250,7 @@ class Swarm:
         self._driver = NetworkDriver(transport, self.peer, self.address, self._status_now, self._state_reply,
                                      avg.exchange_timeout_s, self.hooks, model_reply=self._model_reply, tamper=tamper,
                                      key_file=key_file, allow_file=self._allow_file)
+        self._driver.trimmer.grow_bytes = grow_bytes_for(4 * self.flat.numel)  # not a round's swing (heap.py)
 
     def _accept(self, state: TrainingState) -> None:
         """Load a donor's state (StateError: it does not fit; the next donor's replaces it)."""
@@ -447,9 +449,12 @@ class Swarm:
         return {**self._cached_status, **self._training_fields()}
 
     def _training_fields(self) -> dict[str, Any]:
+        hooks = getattr(self, "hooks", None)  # made by start()
         return {"phase": self.phase, "step": self._step, "steps_per_s": round(self.steps_per_s, 3),
                 "loss": self.metrics.get("loss", math.nan), "accuracy": self.metrics.get("accuracy", math.nan),
                 "eval_loss": self.metrics.get("eval_loss", math.nan),
+                # written by the trainer thread, so current after close() too (the last progress line)
+                "gate_wait_s": round(hooks.gate_wait_s, 3) if hooks else 0.0, "gate_waits": hooks.gate_waits if hooks else 0,
                 **{k: v for k, v in self.metrics.items() if k not in ("loss", "accuracy", "eval_loss")}}
 
     def _status_now(self) -> dict[str, Any]:
@@ -466,7 +471,8 @@ class Swarm:
             "send_drops": t.send_drops, "transfers_abandoned": t.transfers_abandoned,
             "bulk_connections_refused": t.connections_refused, "bulk_slow_closed": t.slow_closed,
             "peer_sockets": t.peer_sockets, "peer_sockets_evicted": t.peer_sockets_evicted,
-            "heap_trims": self._driver.trimmer.trims, "rejected": dict(self._driver.rejected),
+            "heap_trims": self._driver.trimmer.trims, "network_cpu_s": round(self._driver.cpu_s, 3),
+            "network_turns": self._driver.turns, "rejected": dict(self._driver.rejected),
             "averaging": dict(peer.averager.stats), "consensus": peer.averager.disagreement.value,
             "robust": peer.averager.robust.report(now), "hostile": self.config.hostile,
             "uptime_s": round(now - self._started_at, 3),

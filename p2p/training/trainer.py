@@ -28,6 +28,7 @@ class LoopState:
     loss: float = math.nan  # moving average of the training loss
     accuracy: float = math.nan  # last held-out accuracy
     eval_loss: float = math.nan
+    evaluations: int = 0  # held-out evaluations run (each costs many steps' compute on a small model)
 
 
 def to_device(batch: tuple, device: torch.device) -> tuple:
@@ -53,6 +54,11 @@ class TrainingLoop:
         # sleeps the rest); time spent waiting at an averaging gate is not scaled.
         self.slowdown = slowdown
         self.state = LoopState()
+        # Wall clock (time.time()) when run() began and when its last step ended, before the
+        # settle and the last evaluation: the training phase that bench/slow_links.py compares
+        # with compute-only's, start-up excluded
+        self.started_at: Optional[float] = None
+        self.ended_at: Optional[float] = None
         self.steps_done = steps_done or (lambda: self.state.iterations)  # applied steps
         self.on_report = on_report or (lambda state: None)
         self.settle = settle or (lambda: None)  # before the last evaluation: the averaging round in flight lands
@@ -63,6 +69,7 @@ class TrainingLoop:
         self.model.train()
         self.state.accuracy = float(metrics["accuracy"])
         self.state.eval_loss = float(metrics.get("loss", math.nan))
+        self.state.evaluations += 1
         self.on_report(self.state)
 
     def step(self) -> float:
@@ -90,6 +97,7 @@ class TrainingLoop:
         """Train until ``steps`` applied steps, ``duration_s`` seconds, or ``stop``."""
         state = self.state
         self.model.train()
+        self.started_at = time.time()
         start = last_eval = time.monotonic()
         while not stop.is_set():
             if steps is not None and self.steps_done() >= steps:
@@ -97,6 +105,7 @@ class TrainingLoop:
             if duration_s is not None and time.monotonic() - start >= duration_s:
                 break
             value = self.step()
+            self.ended_at = time.time()
             if not math.isfinite(value) and self.scaler is None:
                 raise FloatingPointError(f"training loss became {value} at step {self.steps_done()}")
             if math.isfinite(value):
