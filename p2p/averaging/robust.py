@@ -285,8 +285,11 @@ def robust_mean(vectors: Sequence[np.ndarray], factor: float, direction: bool = 
     clipped = [v if s is None else np.float32(s) * v for v, s in zip(vectors, scales)]
     order = _canonical(clipped, norms)
     total = _sum(clipped, order)
-    opposed = {k for k in order if float(np.vdot(clipped[k], total - clipped[k])) < 0}
-    if direction and opposed and 2 * len(opposed) < len(vectors):
+    # <v_k, total - v_k> = <v_k, total> - |v_k|^2: one pass over v_k and no model-sized
+    # temporary per vector (a round on 2.2 M parameters spent ~12 of its 23 ms here)
+    sq = [(n if s is None else tau) ** 2 for n, s in zip(norms, scales)]
+    opposed = {k for k in order if float(np.vdot(clipped[k], total)) - sq[k] < 0} if direction else set()
+    if opposed and 2 * len(opposed) < len(vectors):
         total = _sum(clipped, [k for k in order if k not in opposed])
     else:
         opposed = set()
