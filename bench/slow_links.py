@@ -122,6 +122,11 @@ P2P_CONFIGS: dict[str, list[str]] = {
                               "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0"],
     # the same at H=10: bench/diloco_sweep.py had it at DDP's accuracy from 240 steps on, where H=25
     # was 7 points under; 2.5x the rounds, still ~0.1 MB each
+    "p2p-diloco-sparse-h10-overlap": ["--algorithm", "diloco", "--compression", "sparseloco",
+                                      "--diloco-inner-steps", "10", "--diloco-outer-lr", "1.0",
+                                      "--diloco-outer-momentum", "0", "--diloco-overlap"],
+    # the same with the round beside the next 10 inner steps: the trainer does not wait at the 2.5x
+    # more boundaries, and an outer step one round late is 10 steps stale, not 25
     "p2p-diloco-sparse-h25-overlap": ["--algorithm", "diloco", "--compression", "sparseloco",
                                       "--diloco-inner-steps", "25", "--diloco-outer-lr", "1.0",
                                       "--diloco-outer-momentum", "0", "--diloco-overlap"],
