@@ -38,7 +38,11 @@ def lab():
     if not os.environ.get("TEST_DILOCO_LAB"):
         # Not reliable yet at load ~20 on 2 cores (passed 2 of 3, and 0 of 3 before the stale
         # repair_in_flight fix): a caught-up copy still apart once (then a pull), an answer
-        # stalled for 3 rounds after its first share once. Opt in to run it.
+        # stalled for 3 rounds after its first share once. On the idle machine it failed 2 of
+        # 2 (22-24 s): 3 of peer 0's ~0.5 s rounds after the restore the cut peer had not yet
+        # compared a sketch (no catch-up begun, 1 outer step since): it was still waiting out a
+        # round of its own, whose deadline is several of the swarm's rounds at H 10, and then
+        # jumps to the swarm's round. Opt in to run it.
         pytest.skip("set TEST_DILOCO_LAB=1 to run (issue 16: not reliable within 3 rounds yet)")
     reason = probe()
     if reason is not None:
