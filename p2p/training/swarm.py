@@ -41,7 +41,6 @@ import logging
 import math
 import random
 import secrets
-import signal
 import threading
 import time
 import zlib
@@ -71,6 +70,7 @@ from p2p.training.flat import FlatParams
 from p2p.training.joining import JoinError, Synced, SwarmError, sync_state, wait_joined
 from p2p.training.keeper import StateKeeper
 from p2p.training.optimizer import SwarmOptimizer
+from p2p.training.signal_stop import SignalStop
 from p2p.training.state import StateError, TrainingState, to_bytes
 from p2p.training.step_hooks import StepHooks
 
@@ -135,7 +135,7 @@ class Swarm:
         self._steps_at_start = 0
         self._done = False
         self._cached_status: dict[str, Any] = {}
-        self._old_handlers: dict[int, Any] = {}
+        self._signal_stop: Optional[SignalStop] = None  # SIGINT/SIGTERM -> stop(), while running
         self.address: Optional[str] = None  # the address peers dial, once started
         self.id: Optional[str] = None
         self._driver: Optional[NetworkDriver] = None
@@ -204,8 +204,7 @@ class Swarm:
 
             self._ops = OpsServer(cfg.metrics, self.status, lambda: self._driver.last_turn)
         if self.handle_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old_handlers[sig] = signal.signal(sig, lambda *_: self.stop())
+            self._signal_stop = SignalStop(self.stop_event)
         try:
             if cfg.state_sync and cfg.join:
                 self._sync()
@@ -352,9 +351,9 @@ class Swarm:
         self.hooks.close_trainer_side()
         self.hooks.close()
         self.flat.apply_pending()  # the network thread is gone: deltas it queued land now
-        for sig, handler in self._old_handlers.items():
-            signal.signal(sig, handler)
-        self._old_handlers.clear()
+        if self._signal_stop is not None:
+            self._signal_stop.close()
+            self._signal_stop = None
         self.phase = "stopped"
         self._cached_status["phase"] = "stopped"
 
