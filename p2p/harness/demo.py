@@ -81,7 +81,10 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     node_args = ["--task", config.task, "--seed", str(config.seed), "--linger", "-1",
                  "--algorithm", config.algorithm, "--topology", config.topology, "--membership", "local",
                  "--compression", config.compression,
-                 "--log-every", "0", "--eval-every", "1", "--join-timeout", str(config.start_timeout_s)]
+                 "--log-every", "0", "--eval-every", "1", "--join-timeout", str(config.start_timeout_s),
+                 # The peers train together: a synthetic run is ~1 s of steps, so a peer still importing
+                 # torch would otherwise start after the others finished (CI: 0.786 against 0.825).
+                 "--min-members", str(config.peers)]
     node_args += ["--steps", str(steps)] if steps is not None else ["--duration", str(config.duration_s)]
     per_peer = [["--shard", f"{i}/{config.peers}"] for i in range(config.peers)]
     swarm = LocalSwarm(config.peers, log_dir, node_args, ports=ports, per_peer_args=per_peer,
