@@ -128,6 +128,21 @@ def test_silence_is_not_nothing_fresher_the_joiner_asks_again():
     assert j.phase == DONE and j.outcome.step == 500
 
 
+def test_a_silent_join_address_costs_the_joiner_its_deadline_not_a_query_timeout_more():
+    """Nobody answers (a wrong --join address): the joiner gives up at its deadline, the join
+    timeout. Its rounds of asking used to run a whole query timeout past it (a 3 s join timeout
+    took 6 s of sync, then the join waited 3 s more)."""
+    net = Net(joiner(["a:1"], deadline=3.0, config=SyncConfig(chunk_bytes=1000, query_timeout_s=2.5)),
+              [Donor("a:1", step=500)], None)
+    net.down.add("a:1")  # what is sent to it goes nowhere
+    net.deliver("joiner", net.joiner.start(0.0))
+    while not net.joiner.finished:
+        assert net.joiner.next_deadline() <= 3.0
+        net.now = max(net.now, net.joiner.next_deadline())
+        net.deliver("joiner", net.joiner.tick(net.now))
+    assert net.now == 3.0 and net.joiner.phase == DONE and net.joiner.outcome.data is None
+
+
 def test_answers_only_from_members_still_joining_are_not_nothing_fresher():
     """We join through a member that is syncing itself (it has nothing to give, step -1) while
     the member with state is slow to answer: the joiner must not conclude that nobody is

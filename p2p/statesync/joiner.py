@@ -95,7 +95,9 @@ class StateJoiner:
         self._offers: dict[str, _Offer] = {}
         self._failed: set[str] = set()  # donors given up on in this run (asked again after a re-query)
         self._excluded = frozenset(exclude)  # never donors (their state did not fit before)
-        self._query_until = now + config.query_timeout_s
+        # No wait past ``deadline``: a round of asking that outlasted it made a silent join
+        # address cost the joiner the join timeout plus up to a query timeout.
+        self._query_until = min(now + config.query_timeout_s, deadline)
         self._reask_at = math.inf  # after every candidate failed: when to ask the members again
         self._transfer: Optional[_Transfer] = None
         self.attempts = 0  # donors tried
@@ -124,8 +126,17 @@ class StateJoiner:
         return self.config.first_chunk_s if t.preparing and t.total < 0 else self.config.timeout_s
 
     def tick(self, now: float) -> list[Send]:
+        if self.phase == QUERYING and now >= self.deadline and not self._offers:
+            # Out of time with nothing offered in this round of asking: no new round. Silence
+            # from the start is "nobody fresher" (keep ours, as before); after failed transfers
+            # the last one's error stands.
+            if self.attempts:
+                self.phase, self.error = FAILED, self.error or "no member could serve its state"
+            else:
+                self.phase, self.outcome = DONE, SyncOutcome(None)
+            return []
         if self.phase == QUERYING and now >= self._reask_at:
-            self._reask_at, self._query_until = math.inf, now + self.config.query_timeout_s
+            self._reask_at, self._query_until = math.inf, min(now + self.config.query_timeout_s, self.deadline)
             return self._ask(self._seeds)
         if self.phase == QUERYING and now >= self._query_until:
             return self._choose(now)
@@ -221,7 +232,7 @@ class StateJoiner:
         self._queries = 0
         self._offers.clear()
         self._query_until = math.inf
-        self._reask_at = now + self.config.query_timeout_s
+        self._reask_at = min(now + self.config.query_timeout_s, self.deadline)
         self.phase = QUERYING
         return []
 

@@ -86,9 +86,12 @@ def sync_state(driver: NetworkDriver, peer: Peer, config: SwarmConfig, model: to
     raise SwarmError(f"state sync failed: the states of {', '.join(sorted(excluded))} do not fit this model")
 
 
-def wait_joined(driver: NetworkDriver, peer: Peer, config: SwarmConfig, stop: threading.Event) -> None:
-    """Until a join address answered and ``min_members`` are alive (or ``stop``)."""
-    deadline = time.monotonic() + config.join_timeout_s
+def wait_joined(driver: NetworkDriver, peer: Peer, config: SwarmConfig, stop: threading.Event,
+                deadline: Optional[float] = None) -> None:
+    """Until a join address answered and ``min_members`` are alive (or ``stop``); JoinError at
+    ``deadline`` (default: ``join_timeout`` from now)."""
+    if deadline is None:
+        deadline = time.monotonic() + config.join_timeout_s
     while True:
         joined, members = _call(driver, lambda: (peer.joined, peer.live_members()), busy=(False, 0))
         if (joined and members >= config.min_members) or stop.is_set():

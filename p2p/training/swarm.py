@@ -75,6 +75,7 @@ from p2p.training.state import StateError, TrainingState, to_bytes
 from p2p.training.step_hooks import StepHooks
 
 log = logging.getLogger("p2p.swarm")
+JOIN_GRACE_S = 2.0  # after a state sync that took nothing: the least time left to hear a join answer
 __all__ = ["JoinError", "Swarm", "SwarmError", "model_key", "peer_seed"]
 
 
@@ -206,12 +207,20 @@ class Swarm:
         if self.handle_signals:
             self._signal_stop = SignalStop(self.stop_event)
         try:
+            deadline = None
             if cfg.state_sync and cfg.join:
+                # One join timeout for asking and joining: a state sync that heard nothing (or
+                # "nothing fresher") has spent its share of it, and join addresses that stayed
+                # silent through it are told apart from a swarm that answers in the time left
+                # (at least JOIN_GRACE_S). Before, a wrong address took twice --join-timeout.
+                # A state taken by sync (a long transfer) starts a fresh timeout for the join.
+                deadline = time.monotonic() + cfg.join_timeout_s
                 self._sync()
+                deadline = None if self.synced else max(deadline, time.monotonic() + JOIN_GRACE_S)
                 self.phase = "joining"
             self._servable = True
             self._driver.act(lambda now: self.peer.start(list(cfg.join), now))
-            wait_joined(self._driver, self.peer, cfg, self.stop_event)
+            wait_joined(self._driver, self.peer, cfg, self.stop_event, deadline)
         except BaseException:
             self._shut_down()
             raise
