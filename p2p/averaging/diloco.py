@@ -296,7 +296,7 @@ class DiLoCo(AsynchronousHooks):
         self._overlap = self.options.overlap and not self._params_every_round
         self._rounds = NeighbourRounds(config.round_timeout_s, self.stats, disagreement=self.disagreement,
                                        robust=self.robust, channels=("params", "delta", "momentum"),
-                                       uniform=not self._params_every_round,
+                                       uniform=not self._params_every_round, passed_within=outer_mending.PASSED_WITHIN,
                                        direction_test=not self.options.reduce_scatter)  # robust.py, robust_mean
         self._start = port.snapshot()  # theta_start: the model before the first inner step
         self._positions = sketch_positions(self._start.size)
@@ -404,7 +404,7 @@ class DiLoCo(AsynchronousHooks):
         if self._outbox or (landed and not self._syncing):
             return -math.inf  # chunks to send, a pulled state to apply: tick does it now
         scatter = math.inf if self._scatter is None else self._scatter.deadline
-        return min(self._rounds.deadline, self._continue_at, scatter, self._mend.next_deadline())
+        return min(self._rounds.wake_at, self._continue_at, scatter, self._mend.next_deadline())
 
     @property
     def outer_parameters(self) -> np.ndarray:
@@ -463,8 +463,8 @@ class DiLoCo(AsynchronousHooks):
             self._wait_for = frozenset(j for j in neighbours if j not in self._absent)
             if not self._wait_for:  # never stop waiting for everyone (we would race ahead alone)
                 self._wait_for, self._absent = frozenset(neighbours), set()
-            r = self._rounds.begin(now, neighbours, own, round=self._serving,
-                                   timeout_s=self._round_timeout(), wait_for=self._wait_for)
+            r = self._rounds.begin(now, neighbours, own, round=self._serving, timeout_s=self._round_timeout(),
+                                   wait_for=self._wait_for, patience_s=self._wait_ewma)  # rounds.py, "Passed by"
         self._began_at = now
         self._serving = None
         self._keep_delta(r, self.self_addr, delta)

@@ -19,8 +19,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from p2p.averaging.outer_catchup import (CatchUpMissing, CatchUpPuller, CatchUpRange, CatchUpRequest, CatchUpShare,
-                                         ShareLog)
+from p2p.averaging.outer_catchup import (LOG_ROUNDS, CatchUpMissing, CatchUpPuller, CatchUpRange, CatchUpRequest,
+                                         CatchUpShare, ShareLog)
 from p2p.averaging.outer_repair import Pulled, RepairChunk, RepairDonor, RepairPuller, RepairRequest
 from p2p.averaging.robust import RobustMixing
 from p2p.bandwidth import BandwidthMonitor
@@ -34,6 +34,10 @@ STATS = ("repairs_started", "repairs_completed", "repairs_failed", "repair_round
          "repair_bytes_served", "repair_chunks_missed", "repair_chunks_unasked", "repair_stale",
          "repair_donors_gone", "repairs_replayed", "replays_missing", "repairs_diverged",
          "catch_ups_started", "catch_ups_completed", "repair_in_flight")
+# A round passed by (rounds.py, "Passed by") ends early only on a neighbour's vector fewer rounds
+# past ours than this: no further than a catch-up replays, so the jump it leads to stays mendable
+# by the rounds' shares (outer_catchup.py), never by the full pull.
+PASSED_WITHIN = LOG_ROUNDS
 
 
 class Mending:

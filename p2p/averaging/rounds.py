@@ -34,6 +34,20 @@ buffered. So a joiner costs at most one round timeout; a lying peer can only pus
 forward, costing the same. A peer that lags by less (a straggler) keeps its lag: its
 neighbours find its vectors in time or drop it from a round.
 
+Passed by (``passed_within``, DiLoCo's): a peer cut off waits out its round in vain while the
+others go on without it, and its round's deadline can span several of theirs. Once the link is
+back, a vector from a neighbour the round waits for, tagged two or more rounds past ours, proves
+that neighbour finished the round after ours without us (it needed our vector for it, which we
+have not sent): the swarm has moved on. The round in flight then ends at once with what it
+holds (a partial round, as at its deadline: nothing more is sent or repaired for it) and the
+next begins at the round that proved it (the highest such, never a round further on that no
+neighbour we wait for vouches for). Bounded so a forged round number buys little: only
+from a neighbour the round waits for (a current member we have been hearing from), only rounds
+less than ``passed_within`` past ours (beyond, the ``LEAD`` rule or the deadline decides: a
+jump that far is more than a catch-up mends), and never before the round has waited its
+``patience_s`` (``begin``: the usual wait, so the vectors still coming in an ordinary round
+arrive first). It costs what a deadline would, only sooner.
+
 Finished peers (``serving``): a peer that stopped stepping but lingers answers rounds instead
 of beginning them: ``serve_round`` names the oldest buffered round it has not begun (a
 neighbour began it), and the owning algorithm begins that round from its timer. A finished
@@ -98,7 +112,7 @@ class NeighbourRounds:
                  disagreement: Optional[Disagreement] = None, model_index: int = 0,
                  robust: Optional[RobustMixing] = None, channels: tuple[str, ...] = (),
                  uniform: bool = False, link_deadline: Optional[RoundDeadline] = None,
-                 direction_test: bool = True) -> None:
+                 direction_test: bool = True, passed_within: int = 0) -> None:
         self.timeout_s = timeout_s
         self.direction_test = direction_test  # robust_mean's direction test (off for reduce-scatter slices)
         # The deadline of a round begun without an explicit ``timeout_s``: from the link
@@ -109,6 +123,10 @@ class NeighbourRounds:
         # got the same vectors then holds the same average even when some neighbour's vector
         # is missing (with MH weights its share would stay on each peer's own, all different).
         self.uniform = uniform
+        self.passed_within = passed_within  # module docstring, "Passed by" (0: off)
+        self._patient_until = INF  # the round may end passed by from then on
+        self._jump_to: Optional[int] = None  # after a round passed by: the round the next begins
+        self._passed: Optional[int] = None  # the round in flight ended passed by: the round to jump to
         self.robust = robust  # robust mixing (p2p/averaging/robust.py); None: mix as they come
         self.channels = channels  # the robust screen's channel name per payload vector
         self.disagreement = disagreement  # fed each neighbour's vector at ``model_index`` (the model)
@@ -127,7 +145,7 @@ class NeighbourRounds:
         self.stats = stats
         self._k = {name: prefix + name for name in
                    ("exchanges_started", "exchanges_completed", "rounds_partial", "late", "jumps",
-                    "duplicates", "overflow")}
+                    "duplicates", "overflow", "rounds_passed")}
         for key in self._k.values():
             stats.setdefault(key, 0)
 
@@ -147,6 +165,8 @@ class NeighbourRounds:
         """The round the next ``begin`` uses: ours, or the highest buffered one if we fell behind."""
         if self.waiting or not self._behind:
             return self.round
+        if self._jump_to is not None:
+            return self._jump_to
         return max(self._inbox, default=self.round)
 
     def serve_round(self) -> Optional[int]:
@@ -176,13 +196,15 @@ class NeighbourRounds:
 
     def begin(self, now: float, neighbours: Sequence[str], payload: tuple[np.ndarray, ...],
               round: Optional[int] = None, timeout_s: Optional[float] = None,
-              wait_for: Optional[Sequence[str]] = None) -> int:
+              wait_for: Optional[Sequence[str]] = None, patience_s: Optional[float] = None) -> int:
         """Start the next round with our ``payload``; returns its number (tag the sends with it).
         ``round`` (>= ours) begins that round instead: a finished peer answering ``serve_round``.
         ``timeout_s`` replaces the configured timeout for this round; ``wait_for`` (a subset of
         ``neighbours``) names the neighbours the round waits for (the others' vectors are mixed
         when they come in time, but the round does not wait for them), and stops waiting for
-        one whose vector for a later round came (it moved on)."""
+        one whose vector for a later round came (it moved on). ``patience_s``: with ``wait_for``,
+        how long it waits before a neighbour two or more rounds on may end it (module docstring,
+        "Passed by"; None: never)."""
         if self.waiting:
             raise AssertionError("begin() while a round is in flight")
         r = self.next_round() if round is None else round
@@ -194,13 +216,14 @@ class NeighbourRounds:
         self.round = r
         if r >= self._nudge:
             self._nudge = -1
-        self.waiting, self._behind = True, False
+        self.waiting, self._behind, self._jump_to = True, False, None
         if timeout_s is None:
             timeout_s = self.timeout_s
             if self.link_deadline is not None:
                 nbytes = sum(int(a.nbytes) for a in payload if a is not None)
                 timeout_s = self.link_deadline.begin(now, neighbours, nbytes)
         self.deadline = now + timeout_s
+        self._patient_until, self._passed = INF if patience_s is None else now + patience_s, None
         self._expected = self._degree = len(neighbours)
         self._wait_for = None
         if wait_for is not None:
@@ -256,7 +279,29 @@ class NeighbourRounds:
         else:  # a neighbour whose vector for a later round came has moved on: it will not send this one
             later = set().union(*(v for r, v in self._inbox.items() if r > self.round))
             done = all(j in box or j in later for j in self._wait_for)
-        return done or now >= self.deadline or self._behind
+        return done or now >= self.deadline or self._behind or self._passed_by(now)
+
+    @property
+    def wake_at(self) -> float:
+        """When to check ``ready`` next: the deadline, or sooner the end of the round's patience
+        when a neighbour it waits for is already two or more rounds on (module docstring, "Passed by")."""
+        if self.waiting and self._passed is None and self._patient_until < self.deadline and self._proof() is not None:
+            return self._patient_until
+        return self.deadline
+
+    def _proof(self) -> Optional[int]:
+        """The highest round within ``passed_within`` of ours, two or more on, that a neighbour the
+        round waits for sent a vector for (None: none)."""
+        if self.passed_within <= 2 or not self._wait_for:
+            return None
+        return max((r for r, box in self._inbox.items()
+                    if 2 <= r - self.round < self.passed_within and not self._wait_for.isdisjoint(box)), default=None)
+
+    def _passed_by(self, now: float) -> bool:
+        """The round in flight was passed by (module docstring, "Passed by")."""
+        if self._passed is None and now >= self._patient_until:
+            self._passed = self._proof()
+        return self._passed is not None
 
     def finish(self, my_step: int, staleness_tau: Optional[float] = None, now: float = 0.0) -> Mixed:
         """Mix what arrived for the round in flight and move to the next round. With ``robust``
@@ -309,8 +354,11 @@ class NeighbourRounds:
         short = len(box) < self._expected if self._wait_for is None else not self._wait_for.issubset(box)
         if short:
             self._count("rounds_partial")
+            if self._passed is not None:
+                self._count("rounds_passed")
         if short and max(self._inbox, default=-1) >= self.round + 2:
             self._behind = True  # out of step: we missed vectors while others are 2+ rounds on
+        self._jump_to = self._passed if short else None  # passed by: no further than the proof
         result = Mixed(mixed, tuple(acc), len(entries), self._expected, frozenset(refused), frozenset(box))
         self.round += 1
         self.waiting, self.deadline, self._own = False, INF, ()
