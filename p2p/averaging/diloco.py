@@ -151,11 +151,12 @@ from p2p.averaging import outer_mending
 from p2p.averaging.outer_mending import Mending
 from p2p.averaging.outer_repair import propagate
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
-                               decoded_params, state_array, state_int)
+                               state_array, state_int)
+from p2p.averaging.outer_codec import pack, received_delta
 from p2p.averaging.robust import RobustMixing
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.bandwidth import BandwidthMonitor
-from p2p.compression import compressor_from_config, decompress
+from p2p.compression import compressor_from_config
 from p2p.compression.messages import CompressedFields, compressed_fields
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -435,15 +436,8 @@ class DiLoCo(AsynchronousHooks):
         """The round's (theta_start, Delta, momentum), Delta as the neighbours will decode it.
         ``own``: Delta is our own pseudo-gradient, which error feedback tops up (docstring)."""
         self._packed = None
-        if self._compressor is not None:
-            feedback = own and self._residual is not None
-            if feedback:
-                delta = delta + self._residual
-            self._packed = self._compressor.compress(delta)
-            decoded = decompress(self._packed, delta.size)
-            if feedback:
-                self._residual = delta - decoded
-            delta = decoded
+        if self._compressor is not None:  # the residual is updated in place (outer_codec.py)
+            self._packed, delta = pack(self._compressor, delta, self._residual if own else None)
         self._payload = (start, delta, momentum)
 
     def _begin(self, now: float, neighbours: Sequence[str]) -> list[Send]:
@@ -694,7 +688,7 @@ class DiLoCo(AsynchronousHooks):
             check_params(msg.delta, msg.model_key, self.port)
             delta = msg.delta
         elif isinstance(msg, OuterShareQ):
-            delta = decoded_params(msg, self.port)
+            delta = received_delta(msg, self.port)
         elif isinstance(msg, OuterSlice):
             delta = self._scatter.slice_in(src, msg, self.self_addr, neighbours)
             if delta is None:  # sent under another view of the membership (counted)

@@ -68,12 +68,13 @@ from typing import Optional, Sequence
 import numpy as np
 
 from p2p.averaging.donor_pull import DonorPull
+from p2p.averaging.outer_codec import decode
 from p2p.averaging.outer_repair import Pulled
 from p2p.averaging.robust import RobustMixing, robust_mean
 from p2p.bandwidth import BandwidthMonitor
-from p2p.compression import decompress
 from p2p.compression.codecs import Compressed
 from p2p.compression.messages import CompressedFields, compressed_fields
+from p2p.compression.sparse import dense
 from p2p.protocol import RemoteProtocolError, Send
 from p2p.wire import message
 
@@ -129,7 +130,7 @@ def replay_round(vectors: Sequence[np.ndarray], robust: RobustMixing) -> np.ndar
     mixed it: robust mixing's ``robust_mean`` (the same bits whatever the order), or the plain mean."""
     if robust.enabled:
         return robust_mean(vectors, robust.config.factor)[0]
-    return np.sum(vectors, axis=0, dtype=np.float32) / np.float32(len(vectors))
+    return np.sum([dense(v) for v in vectors], axis=0, dtype=np.float32) / np.float32(len(vectors))
 
 
 class ShareLog:
@@ -340,7 +341,7 @@ class CatchUpPuller(DonorPull):
         """Round ``p.next``'s outer step with its average (module docstring, "How")."""
         shares, mixed = p.got.pop(p.next), p.mixed.pop(p.next)
         p.got_bytes -= sum(c.nbytes for c in shares.values())
-        d = replay_round([decompress(shares[s], self.numel) for s in mixed], self.robust)
+        d = replay_round([decode(shares[s]) for s in mixed], self.robust)  # as the round decoded them
         mu = np.float32(self.mu)
         p.momentum = mu * p.momentum + d
         p.start = p.start - np.float32(self.lr) * (d + mu * p.momentum)

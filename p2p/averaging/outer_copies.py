@@ -47,6 +47,7 @@ import numpy as np
 from p2p.averaging.base import Disagreement
 from p2p.averaging.outer_repair import RepairPuller, reference_group
 from p2p.averaging.robust import RobustMixing, robust_mean
+from p2p.compression.sparse import dense
 from p2p.bandwidth import BandwidthMonitor
 
 SKETCH_SIZE = 256  # entries of theta_start in a share's sketch
@@ -185,7 +186,7 @@ class CopyWatch:
         if self.robust.enabled:  # the reference clipped the same set the same way (robust.py)
             average, _, _ = robust_mean(vectors, self.robust.config.factor)
         else:
-            average = np.sum(vectors, axis=0, dtype=np.float32) / np.float32(len(vectors))
+            average = np.sum([dense(v) for v in vectors], axis=0, dtype=np.float32) / np.float32(len(vectors))
         d = average - self._averaged[prev]
         self.replay = (r, np.float32(-self.outer_lr * (1 + self.outer_momentum)) * d, d)
         self.replayed_set = (prev, tuple(lists[0]))

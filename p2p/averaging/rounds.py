@@ -77,6 +77,8 @@ import numpy as np
 from p2p.averaging.base import Disagreement, state_int, staleness_weight
 from p2p.averaging.robust import REFUSED, RobustMixing, robust_mean
 from p2p.averaging.round_deadline import RoundDeadline
+from p2p.compression import sparse
+from p2p.compression.sparse import Vector
 from p2p.protocol import RemoteProtocolError
 
 INF = float("inf")
@@ -97,11 +99,20 @@ class Entry:
 @dataclass(frozen=True)
 class Mixed:
     payload: tuple[np.ndarray, ...]  # the mixed vectors
-    deltas: tuple[np.ndarray, ...]  # mixed - own, per vector
+    own: tuple[Vector, ...]  # ours, before the mix
     received: int  # how many neighbours' vectors went in
     expected: int  # how many were awaited
     refused: frozenset = frozenset()  # senders whose vectors robust mixing refused this round
     senders: frozenset = frozenset()  # whose vectors arrived for the round (refused ones included)
+    acc: Optional[tuple[np.ndarray, ...]] = None  # ``deltas``, when the mix computed them anyway
+
+    @property
+    def deltas(self) -> tuple[np.ndarray, ...]:
+        """mixed - own, per vector: on demand (DiLoCo's consistent rounds never ask, and three
+        model-sized subtractions per round were ~7% of its CPU: bench/round_cpu.py)."""
+        if self.acc is not None:
+            return self.acc
+        return tuple(m - sparse.dense(o) for m, o in zip(self.payload, self.own))
 
 
 class NeighbourRounds:
@@ -315,8 +326,11 @@ class NeighbourRounds:
         own = self._own
         if self.uniform and self.robust is not None and self.robust.enabled and staleness_tau is None:
             mixed, refused, entries = self._mix_consistent(box, own, now)
-            acc = [m - mine for m, mine in zip(mixed, own)]
-            return self._close(box, mixed, acc, entries, refused)
+            return self._close(box, mixed, None, entries, refused)
+        # the mixes below are dense: a sparse vector (p2p/compression/sparse.py) made dense here
+        own = tuple(sparse.dense(a) for a in own)
+        box = {src: Entry(e.degree, e.step, tuple(None if a is None else sparse.dense(a) for a in e.payload))
+               for src, e in box.items()}
         # One norm per vector per round, and one per neighbour's difference: the robust screen
         # and the consensus estimate share them.
         own_norms = [float(np.linalg.norm(a)) for a in own]
@@ -359,7 +373,8 @@ class NeighbourRounds:
         if short and max(self._inbox, default=-1) >= self.round + 2:
             self._behind = True  # out of step: we missed vectors while others are 2+ rounds on
         self._jump_to = self._passed if short else None  # passed by: no further than the proof
-        result = Mixed(mixed, tuple(acc), len(entries), self._expected, frozenset(refused), frozenset(box))
+        result = Mixed(mixed, self._own, len(entries), self._expected, frozenset(refused), frozenset(box),
+                       None if acc is None else tuple(acc))
         self.round += 1
         self.waiting, self.deadline, self._own = False, INF, ()
         return result
@@ -372,18 +387,18 @@ class NeighbourRounds:
         for it."""
         refused: set[str] = set()
         for k, mine in enumerate(own):
-            norms = [(src, float(np.linalg.norm(e.payload[k]))) for src, e in box.items()
+            norms = [(src, sparse.norm(e.payload[k])) for src, e in box.items()
                      if k < len(e.payload) and e.payload[k] is not None]
             if norms:
                 channel = self.channels[k] if k < len(self.channels) else str(k)
-                refused |= self.robust.screen_set(channel, norms + [(_OWN, float(np.linalg.norm(mine)))], now)
+                refused |= self.robust.screen_set(channel, norms + [(_OWN, sparse.norm(mine))], now)
         refused.discard(_OWN)
         entries = sorted((src, e) for src, e in box.items() if src not in refused)
         mixed = []
         for k, mine in enumerate(own):
             theirs = [e.payload[k] for _, e in entries if k < len(e.payload) and e.payload[k] is not None]
             if not theirs:
-                mixed.append(mine)
+                mixed.append(sparse.dense(mine))
                 continue
             vectors = [mine] + theirs + [mine] * (len(entries) - len(theirs))
             mean, clipped, opposed = robust_mean(vectors, self.robust.config.factor, self.direction_test)

@@ -5,6 +5,8 @@ compressed tensor.
 - ``codecs``: ``Compressed`` records, ``COMPRESSORS``, ``make_compressor``, ``validate``,
   ``decompress`` (pure numpy, vectorised).
 - ``feedback``: ``ErrorFeedback`` (per-stream residual memory, EF-SGD).
+- ``sparse``: ``SparseDelta``, a decoded sparseloco vector kept sparse (DiLoCo's round works on
+  its kept entries only).
 - ``messages``: ``CompressedFields`` (base for messages carrying a record) and
   ``CompressedTensor`` (tag 60). Tags 60..79 are compression's.
 
