@@ -431,31 +431,30 @@ class SparseLoCo(_Codec):
         codes = np.empty(kept, dtype=np.uint16)
         levels = np.empty(2 * chunks, dtype=np.float32)
         full = n // block
-        step = max(1, CHUNK // block)  # chunks per batch: temporaries of ~CHUNK elements
-        batches = [(c, min(c + step, full)) for c in range(0, full, step)]
+        if full:  # the whole chunks at once (kernels.py, rows_top_k), then the last, shorter one
+            rows = x[: full * block].reshape(full, block)
+            self._rows(rows, k, codes[: full * k], levels[: 2 * full])
         if full < chunks:
-            batches.append((full, chunks))
-        for c0, c1 in batches:
-            rows = x[c0 * block: min(c1 * block, n)].reshape(c1 - c0, -1)
-            kk = k if c1 <= full else k_last
-            lo = c0 * k
-            self._rows(rows, kk, codes[lo: lo + (c1 - c0) * kk], levels[2 * c0: 2 * c1])
+            self._rows(x[full * block:].reshape(1, -1), k_last, codes[full * k:], levels[2 * full:])
         return Compressed("sparseloco", n, (codes, levels), (block, k))
 
     @staticmethod
     def _rows(rows: np.ndarray, k: int, codes: np.ndarray, levels: np.ndarray) -> None:
-        cols, mag = rows_top_k(rows, k)
+        cols = rows_top_k(rows, k)
+        kept = np.take_along_axis(rows, cols, axis=1)
+        mag = np.abs(kept)
         # the median split: entries above the (k - k//2)-th smallest kept magnitude are "high"
         thr = np.partition(mag, k - k // 2 - 1, axis=1)[:, k - k // 2 - 1: k - k // 2]
         high = mag > thr
         n_high = high.sum(axis=1)
-        s_high = np.where(high, mag, 0).sum(axis=1, dtype=np.float64)
-        s_low = np.where(high, 0, mag).sum(axis=1, dtype=np.float64)  # not total - s_high: it cancels
+        # float64 sums, each row's k terms in one call (the same bits however many rows)
+        mag64 = mag.astype(np.float64)
+        s_high = np.where(high, mag64, 0).sum(axis=1)
+        s_low = np.where(high, 0, mag64).sum(axis=1)  # not total - s_high: it cancels
         lv = levels.reshape(-1, 2)
         lv[:, 0] = s_low / (k - n_high)  # >= 1 entry is low: the threshold itself
         lv[:, 1] = np.where(n_high > 0, s_high / np.maximum(n_high, 1), lv[:, 0])
-        neg = np.take_along_axis(rows, cols, axis=1) < 0
-        codes[:] = ((cols << 2) | (neg << 1) | high).ravel()
+        codes[:] = ((cols << 2) | ((kept < 0) << 1) | high).ravel()
 
     @staticmethod
     def check(c: Compressed) -> None:
