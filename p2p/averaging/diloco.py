@@ -582,8 +582,9 @@ class DiLoCo(AsynchronousHooks):
         opts = self.options
         start, delta, momentum = self._payload
         mu, lr = np.float32(opts.outer_momentum), np.float32(opts.outer_lr)
-        if mu == 0:  # SparseLoCo's and local SGD's rule: the same values, 4 model-sized passes fewer
-            self._momentum = delta.copy()  # (a copy: the round's log may hold delta, and hold() writes this)
+        if mu == 0:  # SparseLoCo's and local SGD's rule: the same values, 5 model-sized passes fewer
+            self._momentum = delta.copy() if skipped else delta  # (nothing else writes either in place;
+            # hold() below writes this, and the round's log may hold delta)
             new_start = start - delta if lr == 1 else start - lr * delta
         else:
             self._momentum = mu * momentum + delta
@@ -591,7 +592,8 @@ class DiLoCo(AsynchronousHooks):
         if self._shipped is not None:  # overlap: keep the inner steps taken since the boundary
             move = self._shipped + (new_start - self._start)
         else:
-            move = new_start - self.port.snapshot()
+            move = self.port.snapshot()
+            np.subtract(new_start, move, out=move)  # new_start - snapshot, in the snapshot's buffer
         # a slice whose average never came: no outer step there, the model keeps its progress
         hold(skipped, (self._momentum, momentum), (new_start, start), (move, 0.0))
         self.port.add_delta(move)

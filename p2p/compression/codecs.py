@@ -477,8 +477,8 @@ class SparseLoCo(_Codec):
         last = (chunks - 1) * k
         if offsets.max() >= block or offsets[last:].max() >= c.numel - (chunks - 1) * block:
             _fail("bad_payload", "sparseloco offset outside its chunk")
-        same_chunk = np.arange(1, kept) % k != 0
-        if not (np.diff(offsets)[same_chunk] > 0).all():
+        # per chunk (every one but the last holds k entries): no per-entry chunk numbers
+        if not ((np.diff(offsets[:last].reshape(-1, k), axis=1) > 0).all() and (np.diff(offsets[last:]) > 0).all()):
             _fail("bad_payload", "sparseloco offsets not strictly increasing within a chunk")
 
     @staticmethod
