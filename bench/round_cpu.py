@@ -12,9 +12,10 @@ training steps run: what is timed is the round alone.
         [--task nodes.wide:WideTask] [--outer-lr 1.0 --outer-momentum 0.0]
 
 Prints the round's CPU per peer (``time.thread_time``, no profiler, median over rounds), then a
-cProfile pass attributed to pieces (cumulative ms per round per peer; the pieces do not nest,
-``rest`` is what none of them covers). The profiler inflates Python-heavy pieces; the first
-line is the figure to compare.
+cProfile pass attributed to pieces (cumulative ms per round per peer, a piece inside another
+subtracted from it: ``PIECES``; ``rest`` is what none of them covers). The profiler inflates
+Python-heavy pieces; the first line is the figure to compare. The machine is shared: say the
+load (printed), and compare runs made one right after the other.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ PIECES = {
     "decode received": [(1, "averaging/outer_codec.py", "received_delta", None),  # this branch
                         (1, "averaging/base.py", "decoded_params", ("averaging/diloco.py", "receive"))],  # before
     "robust mixing": [(1, "averaging/rounds.py", "_mix_consistent", None)],
-    "outer step (own passes)": [(1, *OUTER, None), (-1, *SNAP, OUTER), (-1, "training/flat.py", "add_delta", OUTER),
+    "outer step (own passes)": [(1, *OUTER, None), (-1, *SNAP, OUTER), (-1, "bench/diloco_sweep.py", "add_delta", OUTER),
                                 (-1, "averaging/outer_mending.py", "outer_step", OUTER)],
     "snapshot in the outer step": [(1, *SNAP, OUTER)],
     "add_delta (queue the step)": [(1, "training/flat.py", "add_delta", None)],
