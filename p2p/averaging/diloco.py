@@ -668,7 +668,8 @@ class DiLoCo(AsynchronousHooks):
             # lost: the next boundary's Delta = theta_start - x covers these steps too.
             self.stats["boundaries_skipped"] += 1
             return []
-        shipped = self._start - self.port.snapshot()
+        shipped = self.port.snapshot()
+        np.subtract(self._start, shipped, out=shipped)  # theta_start - snapshot, in the snapshot's buffer
         self._set_payload(self._start, shipped, self._momentum, own=True)
         self._shipped = shipped if self._overlap else None
         self._syncing = True
