@@ -260,6 +260,7 @@ class CatchUpPuller(DonorPull):
         # in a 4-peer sparseloco run): DiLoCo replaces theta_start at each outer step and repair
         # and never writes it in place (diloco.py: _outer_step, _correct; tests/test_diloco_catchup.py)
         m = momentum.copy() if self.mu else momentum  # mu = 0: the replay never reads it
+        start.flags.writeable = False  # the invariant above, enforced: an in-place write raises
         self._pending = (round, start, m)
 
     def note_agreed(self, round: int) -> None:
