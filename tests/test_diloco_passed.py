@@ -4,18 +4,14 @@ neighbour's share shows the swarm two or more rounds on, jumps to that round and
 from there (issue 16: the lab test's cut peer waited out its deadline first). The engine alone,
 then three DiLoCo peers on a logical clock, every message through the wire codec, no sleeps."""
 
-import random
 from collections import defaultdict
 
 import numpy as np
 
 from p2p.averaging import outer_mending
-from p2p.averaging.base import AveragingConfig
-from p2p.averaging.diloco import DiLoCo, DiLoCoConfig
 from p2p.averaging.outer_catchup import LOG_ROUNDS
 from p2p.averaging.rounds import NeighbourRounds
-from p2p.sim.avg_port import ArrayPort
-from p2p.wire import decode, encode
+from tests.test_diloco_repair import Swarm
 
 V = (np.zeros(4, np.float32),)
 
@@ -95,45 +91,22 @@ def test_the_jump_goes_no_further_than_the_round_that_proved_it():
 # -- three DiLoCo peers -----------------------------------------------------------------------
 
 N = 60_000
-KEY = f"m/{N}"
 H = 4
 INNER_S = 0.2  # simulated compute per inner period: the swarm's rounds take about this long
 
 
-class Peers:
-    """Three DiLoCo peers on a full graph (SparseLoCo, as in the lab test), each trainer stepping
-    on its own (a gate that holds one does not hold the others), a logical clock, a link that
-    can be cut. Shares are delivered at once unless the link is cut, then lost."""
+class Peers(Swarm):
+    """Three DiLoCo peers on a full graph (SparseLoCo, as in the lab test; the codec's own outer
+    lr and momentum), test_diloco_repair's network and clock, but each trainer stepping on its
+    own (a gate that holds one does not hold the others). Shares are delivered at once unless
+    the link is cut, then lost."""
 
     def __init__(self):
-        self.names = ["p0", "p1", "p2"]
         base = np.random.default_rng(7).standard_normal(N).astype(np.float32)
-        self.peers = {}
-        for name in self.names:
-            config = AveragingConfig(round_timeout_s=20.0, robust_mixing=False, compression="sparseloco")
-            port = ArrayPort(base.copy(), KEY, immediate=True)
-            alg = DiLoCo(config, port, random.Random(0), 0.0, DiLoCoConfig(inner_steps=H))
-            alg.self_addr = name
-            self.peers[name] = (port, alg)
-        self.now = 0.0
-        self.cut: set[str] = set()
+        super().__init__([base.copy() for _ in range(3)], codec="sparseloco", timeout_s=20.0,
+                         outer_lr=None, outer_momentum=None)
         self.ready_at = {n: INNER_S for n in self.names}  # when each trainer ends its inner period
         self.rng = np.random.default_rng(3)
-
-    def alg(self, name):
-        return self.peers[name][1]
-
-    def others(self, name):
-        return [n for n in self.names if n != name]
-
-    def send(self, src, sends):
-        queue = [(src, s) for s in sends]
-        while queue:
-            src, s = queue.pop(0)
-            if src in self.cut or s.to in self.cut:
-                continue
-            _, msg = decode([bytes(f) for f in encode(s.msg, src)])
-            queue += [(s.to, x) for x in self.alg(s.to).receive(src, msg, self.now, self.others(s.to))]
 
     def run(self, until, dt=0.01):
         """Every trainer steps when its gate lets it; every timer fires when due."""
