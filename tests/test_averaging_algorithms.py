@@ -13,9 +13,10 @@ from p2p.averaging.dpsgd import Dpsgd, DpsgdParams
 from p2p.averaging.elastic import ElasticConfig, ElasticGossip, ElasticReply, ElasticRequest
 from p2p.averaging.gossipgrad import GossipGraD, GossipGraDConfig, GradientModelShare, GradientShare, model_round
 from p2p.averaging.registry import ALGORITHMS, SYNCHRONOUS, make_averager, natural_topology
+from p2p.averaging.round_deadline import RoundReceipt
 from p2p.averaging.rounds import LEAD, MAX_BUFFERED_ROUNDS, NeighbourRounds
 from p2p.averaging.sgp import PushSum, PushSumShare, SGPConfig
-from p2p.protocol import LocalProtocolError, RemoteProtocolError
+from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.sim.avg_port import ArrayPort
 from p2p.topology import TOPOLOGIES
 
@@ -62,8 +63,11 @@ def test_registry_names_topologies_and_tags():
         assert avg.stats["exchanges_started"] == 0 and "exchanges_completed" in avg.stats
         for msg_type in avg.MESSAGES:
             # averaging owns 20..39; messages carrying compressed tensors live in 60..79
-            assert (20 <= msg_type.TAG <= 39 or 60 <= msg_type.TAG <= 79) and msg_type.TAG not in tags
+            assert 20 <= msg_type.TAG <= 39 or 60 <= msg_type.TAG <= 79
+            if msg_type is not RoundReceipt:  # (shared by the rounds whose deadline follows the link)
+                assert msg_type.TAG not in tags
             tags.add(msg_type.TAG)
+        assert (RoundReceipt in avg.MESSAGES) == (name in ("dpsgd", "gossipgrad"))
     with pytest.raises(ValueError, match="available"):
         make_averager("allreduce", CFG, ArrayPort(np.zeros(4)), random.Random(0), 0.0)
 
@@ -149,7 +153,8 @@ def test_dpsgd_buffers_early_rounds_and_drops_late_ones():
     assert a.may_step(2, 0.1)
     np.testing.assert_allclose(pa.x, 1.5)
     late = DpsgdParams(0, 1, 1, KEY, vec(9, 9, 9, 9))
-    assert a.receive("c", late, 0.2, ["b"]) == [] and a.stats["late"] == 1
+    # dropped, but receipted: the bytes did reach us (the sender's deadline learns the link)
+    assert a.receive("c", late, 0.2, ["b"]) == [Send("c", RoundReceipt(0))] and a.stats["late"] == 1
     np.testing.assert_allclose(pa.x, 1.5)
 
 

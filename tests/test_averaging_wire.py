@@ -12,6 +12,7 @@ import p2p.averaging.registry  # noqa: F401  (registers every algorithm's messag
 from p2p.averaging.diloco import OuterShare
 from p2p.averaging.outer_catchup import CatchUpMissing, CatchUpRange, CatchUpRequest
 from p2p.averaging.outer_repair import RepairChunk, RepairRequest
+from p2p.averaging.round_deadline import RoundReceipt
 from p2p.averaging.dpsgd import DpsgdParams
 from p2p.averaging.elastic import ElasticReply, ElasticRequest
 from p2p.averaging.gossipgrad import GradientModelShare, GradientShare
@@ -36,7 +37,7 @@ SAMPLES = [
 AVERAGING_TAGS = {20: "AvgRequest", 21: "AvgReply", 22: "PushSumShare", 23: "ElasticRequest",
                   24: "ElasticReply", 25: "DpsgdParams", 26: "GradientShare", 27: "GradientModelShare",
                   28: "OuterShare", 29: "RepairRequest", 30: "RepairChunk", 31: "CatchUpRequest",
-                  32: "CatchUpMissing", 33: "CatchUpRange"}
+                  32: "CatchUpMissing", 33: "CatchUpRange", 34: "RoundReceipt"}
 
 
 def test_averaging_tags_are_pinned_and_inside_their_range():
@@ -45,13 +46,14 @@ def test_averaging_tags_are_pinned_and_inside_their_range():
 
 
 def test_every_averaging_message_has_a_sample():
-    assert {type(m).TAG for m in SAMPLES} == set(AVERAGING_TAGS) - {20, 21, 29, 31, 32, 33}  # no tensors: below
+    assert {type(m).TAG for m in SAMPLES} == set(AVERAGING_TAGS) - {20, 21, 29, 31, 32, 33, 34}  # no tensors: below
 
 
 @pytest.mark.parametrize("msg", [RepairRequest(round=6, offset=12, count=4, model_key="synthetic/12"),
                                  CatchUpRequest(round=6, model_key="synthetic/12"),
                                  CatchUpMissing(round=6, model_key="synthetic/12"),
-                                 CatchUpRange(first=6, last=9, model_key="synthetic/12")], ids=lambda m: type(m).__name__)
+                                 CatchUpRange(first=6, last=9, model_key="synthetic/12"),
+                                 RoundReceipt(round=6)], ids=lambda m: type(m).__name__)
 def test_tensorless_repair_messages_round_trip(msg):
     assert decode([bytes(f) for f in encode(msg, "10.0.0.1:7000")]) == ("10.0.0.1:7000", msg)
 

@@ -150,3 +150,50 @@ def test_gossipgrad_waits_longer_for_a_round_that_carries_the_parameters_too():
         assert a.stats["rounds_partial"] == 0
     assert deadlines[0] == pytest.approx(0.1)
     assert deadlines[2] == pytest.approx(2 * deadlines[1])  # gradient + parameters: twice the bytes
+
+
+def test_a_receipt_measures_the_link_and_not_the_neighbours_lag():
+    d = RoundDeadline(FLOOR, CAP, {})
+    d.begin(0.0, ["b"], 1000)
+    d.received("b", 0.5)  # our vector reached b in 0.5 s ...
+    d.arrived("b", 4.0)  # ... b's own came 4 s in: it was computing, not waiting on the link
+    d.finished(4.0, ["b"], timed_out=False)
+    assert d.monitor.links["b"].exchange_s == pytest.approx(0.5)
+    assert d.begin(10.0, ["b"], 1000) == FLOOR  # from the arrival alone: 4 x 4 s = 16 s
+    # a round that timed out with no vector but with the receipt: the link carried our bytes
+    d.received("b", 10.5)
+    d.finished(10.0 + FLOOR, [], timed_out=True)
+    assert d.monitor.links["b"].exchange_s < 0.6 and d.begin(20.0, ["b"], 1000) == FLOOR
+
+
+def straggler_deadlines(deliver_receipts: bool, rounds: int = 6, lag_s: float = 4.0):
+    """GossipGraD peer ``a`` and a straggling partner ``b`` whose gradient is ready ``lag_s``
+    after a's each round (both links carry a share in 0.2 s). Returns a's round deadlines and
+    how many of its rounds ended short."""
+    cfg = AveragingConfig(round_timeout_s=FLOOR)
+    pa, a = make(GossipGraD, cfg, GossipGraDConfig(model_every=0))
+    pb, b = make(GossipGraD, cfg, GossipGraDConfig(model_every=0))
+    deadlines, now = [], 0.0
+    for k in range(1, rounds + 1):
+        pa.grad, pb.grad = np.ones(1000, np.float32), np.full(1000, 3.0, np.float32)
+        (share_a,) = a.on_gradient(k, now, ["b"])
+        deadlines.append(a.next_deadline() - now)
+        replies = b.receive("a", share_a.msg, now + 0.2, ["a"])  # b's network thread has a's share
+        assert [type(s.msg).__name__ for s in replies] == ["RoundReceipt"] and replies[0].to == "a"
+        if deliver_receipts:
+            a.receive("b", replies[0].msg, now + 0.4, ["b"])
+        (share_b,) = b.on_gradient(k, now + lag_s, ["a"])  # b's trainer catches up
+        assert b.gradient_ready(k, now + lag_s)  # (a's share was already there)
+        a.receive("b", share_b.msg, now + lag_s + 0.2, ["b"])
+        assert a.gradient_ready(k, now + lag_s + 0.2)
+        now += lag_s + 1.0
+    return deadlines, a.stats["rounds_partial"]
+
+
+def test_a_straggling_gossipgrad_partner_does_not_raise_the_deadline_when_it_sends_receipts():
+    """The issue-16 finding: with one partner, arrival times read a straggler's lag as a slow
+    link, and each round waited longer for it, towards the 30 s cap."""
+    with_receipts, partial = straggler_deadlines(deliver_receipts=True)
+    assert with_receipts == [FLOOR] * len(with_receipts) and partial == 0
+    from_arrivals, _ = straggler_deadlines(deliver_receipts=False)  # an older peer sends none
+    assert from_arrivals[0] == FLOOR and from_arrivals[-1] >= 3 * FLOOR

@@ -58,6 +58,10 @@ SAMPLES += [OuterShareQ(**_Q, round=2, step=100, degree=3, model_key="synthetic/
                         round=4, step=200, degree=3, model_key="synthetic/12", params=np.empty(0, dtype=np.float32),
                         sketch=PARAMS[:4], momentum=np.empty(0, dtype=np.float32))]
 
+from p2p.averaging.round_deadline import RoundReceipt  # noqa: E402
+
+SAMPLES += [RoundReceipt(round=6)]
+
 from p2p.averaging.outer_scatter import OuterGather, OuterSlice  # noqa: E402
 
 SAMPLES += [OuterSlice(**_Q, round=5, step=250, degree=2, model_key="synthetic/12", sketch=PARAMS[:4],

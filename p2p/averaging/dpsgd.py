@@ -47,7 +47,7 @@ import numpy as np
 
 from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, NoOptions, check_params
 from p2p.averaging.robust import RobustMixing
-from p2p.averaging.round_deadline import RoundDeadline, round_wait_cap
+from p2p.averaging.round_deadline import RoundDeadline, RoundReceipt, round_wait_cap
 from p2p.averaging.rounds import NeighbourRounds, ServesRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -68,7 +68,7 @@ class Dpsgd(ServesRounds, AsynchronousHooks):
 
     name = "dpsgd"
     natural_topology = "exponential"
-    MESSAGES = (DpsgdParams,)
+    MESSAGES = (DpsgdParams, RoundReceipt)
     Config = NoOptions
     wants_gradient = False
 
@@ -109,12 +109,15 @@ class Dpsgd(ServesRounds, AsynchronousHooks):
 
     # -- network ------------------------------------------------------------------------------
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
+        if isinstance(msg, RoundReceipt):
+            self._rounds.receipt(src, msg.round, now)
+            return []
         if not isinstance(msg, DpsgdParams):
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a D-PSGD message")
         check_params(msg.params, msg.model_key, self.port)
         self._rounds.offer(src, msg.round, msg.degree, msg.step, (msg.params,), now)
         self._poll(now)
-        return []
+        return [Send(src, RoundReceipt(msg.round))]  # the sender's deadline learns the link from it
 
     def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         self._poll(now)

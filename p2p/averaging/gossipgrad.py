@@ -14,7 +14,8 @@ Hooks (step k, gradient round r):
   carries the parameters too (see below).
 - ``gradient_ready(k)``: False until the partner's round-r message arrived or the round
   deadline passed (``round_timeout_s``, longer on a link measured too slow for the round's bytes:
-  p2p/averaging/round_deadline.py); then ``port.set_gradient`` with the Metropolis-Hastings mix
+  p2p/averaging/round_deadline.py, measured from the partner's ``RoundReceipt``, which it sends
+  back for every share it accepts, so a straggling partner is not mistaken for a slow link); then ``port.set_gradient`` with the Metropolis-Hastings mix
   ((g_i + g_j) / 2 for one partner) or, on timeout with nothing, the own gradient is kept.
   On model rounds the parameter mix is queued too (``add_delta``). No partner this round (n
   not a power of two): True at once.
@@ -46,7 +47,7 @@ import numpy as np
 
 from p2p.averaging.base import AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params
 from p2p.averaging.robust import RobustMixing
-from p2p.averaging.round_deadline import RoundDeadline, round_wait_cap
+from p2p.averaging.round_deadline import RoundDeadline, RoundReceipt, round_wait_cap
 from p2p.averaging.rounds import NeighbourRounds, ServesRounds
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -108,7 +109,7 @@ class GossipGraD(ServesRounds, AsynchronousHooks):
 
     name = "gossipgrad"
     natural_topology = "hypercube"
-    MESSAGES = (GradientShare, GradientModelShare)
+    MESSAGES = (GradientShare, GradientModelShare, RoundReceipt)
     Config = GossipGraDConfig
     wants_gradient = True
 
@@ -160,6 +161,9 @@ class GossipGraD(ServesRounds, AsynchronousHooks):
 
     # -- network ------------------------------------------------------------------------------
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
+        if isinstance(msg, RoundReceipt):
+            self._rounds.receipt(src, msg.round, now)
+            return []
         if isinstance(msg, GradientShare):
             check_params(msg.grad, msg.model_key, self.port)
             payload: tuple = (msg.grad,)
@@ -171,7 +175,7 @@ class GossipGraD(ServesRounds, AsynchronousHooks):
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__} is not a GossipGraD message")
         self._rounds.offer(src, msg.round, msg.degree, msg.step, payload, now)
         self._poll(now)
-        return []
+        return [Send(src, RoundReceipt(msg.round))]  # the sender's deadline learns the link from it
 
     def tick(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         self._poll(now)

@@ -280,6 +280,13 @@ class NeighbourRounds:
             self._behind = True  # stop waiting for a round nobody will finish; jump at begin
         return True
 
+    def receipt(self, src: str, round: int, now: float) -> None:
+        """A neighbour confirmed it has our vector for ``round`` (round_deadline.py, "Receipts")."""
+        if round < 0:
+            raise RemoteProtocolError("bad_value", f"round {round}")
+        if self.link_deadline is not None and self.waiting and round == self.round:
+            self.link_deadline.received(src, now)
+
     def ready(self, now: float) -> bool:
         """The round in flight can be finished (all in, timed out, or we fell behind)."""
         if not self.waiting:
