@@ -1,8 +1,6 @@
 """DiLoCo's reduce-scatter outer round (--diloco-reduce-scatter) between real processes over
 real ZeroMQ: three peers on loopback finish, and their outer copies end as one."""
 
-import time
-
 import numpy as np
 import pytest
 
@@ -14,8 +12,11 @@ pytestmark = pytest.mark.integration
 
 def test_three_peers_average_by_reduce_scatter_and_end_with_one_model(tmp_path):
     steps = 120
+    # --round-timeout 15: a loaded machine (a helper saw load 5) once let a 5 s round deadline pass
+    # before a slice came (slices skipped, copies apart); here no peer is ever missing, so a longer
+    # deadline costs nothing and the assertions below stay about the protocol, not the machine.
     args = ["--task", "synthetic", "--membership", "local", "--algorithm", "diloco", "--topology", "full",
-            "--steps", str(steps), "--linger", "-1", "--log-every", "0", "--eval-every", "1", "--round-timeout", "5",
+            "--steps", str(steps), "--linger", "-1", "--log-every", "0", "--eval-every", "1", "--round-timeout", "15",
             "--join-timeout", "60", "--min-members", "3", "--diloco-inner-steps", "20", "--compression", "int8",
             "--diloco-reduce-scatter"]
     with LocalSwarm(3, tmp_path, args, per_peer_args=[["--shard", f"{i}/3"] for i in range(3)]) as swarm:
