@@ -61,17 +61,21 @@ def train(task: Any, model: torch.nn.Module, forward_model: torch.nn.Module, opt
     it = iter(batches)
     start = last_eval = time.monotonic()
     ema = math.nan
+    eval_s = 0.0  # wall seconds spent evaluating (the done record's eval_s, as a p2p node's last line)
 
     def report(step: int, final: bool = False) -> None:
+        nonlocal eval_s
         record: dict[str, Any] = {"t": time.time(), "step": step, "loss": ema,
                                   "tx_bytes": iface_tx_bytes(iface), "elapsed_s": time.monotonic() - start}
         if evaluate:
+            began = time.monotonic()
             model.eval()
             metrics = task.evaluate(model, "cpu")
             model.train()
+            eval_s += time.monotonic() - began
             record.update(accuracy=float(metrics["accuracy"]), eval_loss=float(metrics.get("loss", math.nan)))
         if final:
-            record["event"] = "done"
+            record.update(event="done", eval_s=round(eval_s, 3))
         emit(record)
 
     for step in range(1, steps + 1):

@@ -22,9 +22,11 @@ inline in every method's training loop every ``--eval-every`` seconds, so its ti
 same way for all):
 - accuracy curve: at each moment, the mean over peers of each peer's latest held-out
   accuracy, defined once every peer has been evaluated (DDP ranks hold one model: rank 0's).
-  Everyone evaluates every ``--eval-every`` seconds; workers log the exact time, p2p nodes'
-  progress lines (``--log-every --poll``) are timestamped when read, so a p2p accuracy can
-  show up to ~1.5 x ``--poll`` late;
+  Everyone evaluates every ``--eval-every`` seconds, and each accuracy is timed (and stepped)
+  by when its evaluation began: workers log it, p2p nodes' JSON progress lines
+  (``--log-format json``, every ``--poll`` seconds) carry it (``evaluated_at``,
+  ``evaluated_step``; before, they were timed when read, up to an evaluation plus ~1.5 x
+  ``--poll`` late);
 - time_to_target_s: first time the curve reaches the task's ``target_accuracy`` (null if it
   never does within the steps or ``--max-time``);
 - train_time_s: when the last peer finished its steps (null if cut off by ``--max-time``);
@@ -46,7 +48,10 @@ same way for all):
   compute-only's start-up (start_s: launch until the last worker began training). What DDP
   would take with infinite bandwidth. Needs ddp and compute_only in the run;
 - per-step overhead (step_overhead): train_time_s / compute-only's train_time_s - 1 (start-up
-  included in both);
+  included in both); less evaluations (phase_less_eval_overhead): (train_phase_s - eval_s) over
+  compute-only's the same way, eval_s the wall seconds a peer spent evaluating (mean over peers;
+  DDP: rank 0's, which every rank waits for): evaluations follow the wall clock, so a slower
+  method also evaluates more, and one evaluation of the wide task costs ~15-40 steps;
 - training phase (train_phase_s, phase_overhead): from the last peer's first step to the last
   peer's last step, start-up (imports, data, joining or rendezvous) and the last evaluation
   excluded (p2p nodes' last progress line gives both times, workers' JSON lines the "start" and

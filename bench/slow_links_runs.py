@@ -8,6 +8,7 @@ time (``BytesSampler``) and return a ``Result``; the definitions are in bench/sl
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -54,6 +55,9 @@ class Result:
     step_overhead: Optional[float] = None  # train time / compute-only's - 1
     train_phase_s: Optional[float] = None  # last peer's first step to last peer's last step (no start-up)
     phase_overhead: Optional[float] = None  # train_phase_s / compute-only's - 1
+    # wall seconds a peer spent evaluating (mean over peers; DDP: rank 0's, which every rank waits for)
+    eval_s: Optional[float] = None
+    phase_less_eval_overhead: Optional[float] = None  # (train_phase_s - eval_s) / compute-only's - 1
     cpu_s_per_step: Optional[float] = None  # CPU seconds (all processes, all threads) / (peers x steps)
     cpu_overhead: Optional[float] = None  # cpu_s_per_step / compute-only's - 1
     bytes_each: list[int] = field(default_factory=list)
@@ -102,12 +106,39 @@ def _stop(procs: list[subprocess.Popen], timeout_s: float = 15.0) -> None:
 # (network_cpu_s S); any line may say how long the trainer waited at the algorithm's gates (waited Ss)
 _PROGRESS = re.compile(r"^(\w+)\s+step\s+(\d+)\s+loss\s+\S+\s+acc\s+(\S+)")
 _WAITED = re.compile(r"\bwaited (\d+(?:\.\d+)?)s\b")
-_TRAINED = re.compile(r"\b(train_started_at|train_ended_at|evaluations|network_cpu_s) (\d+(?:\.\d+)?)\b")
+_TRAINED = re.compile(r"\b(train_started_at|train_ended_at|evaluations|eval_s|network_cpu_s) (\d+(?:\.\d+)?)\b")
+# The same from a node started with --log-format json (what the benchmarks start): its lines also
+# say when the evaluation behind "acc" began and at which step (evaluated_at, evaluated_step), so
+# an accuracy is timed as the workers' are, not by when its line was read (up to an evaluation
+# plus a --log-every period later)
+_JSON_FIELDS = {"gate_wait_s": "waited", "train_started_at": "train_started_at", "train_ended_at": "train_ended_at",
+                "evaluations": "evaluations", "eval_s": "eval_s", "network_cpu_s": "network_cpu_s",
+                "evaluated_at": "evaluated_at", "evaluated_step": "evaluated_step"}
+
+
+def _parse_json_progress(line: str) -> Optional[dict[str, Any]]:
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(rec, dict) or rec.get("event") not in ("progress", "done"):
+        return None
+    acc = rec.get("accuracy")
+    out: dict[str, Any] = {"phase": "done" if rec["event"] == "done" else rec.get("phase", "training"),
+                           "step": int(rec.get("step", 0)), "acc": math.nan if acc is None else float(acc)}
+    for key, name in _JSON_FIELDS.items():
+        value = rec.get(key)
+        if value is not None and not (name == "evaluated_step" and value < 0):
+            out[name] = float(value)
+    return out
 
 
 def parse_progress(line: str) -> Optional[dict[str, Any]]:
-    """A node's progress line as {phase, step, acc[, waited, train_started_at, train_ended_at, evaluations, network_cpu_s]}."""
+    """A node's progress line, text or JSON, as {phase, step, acc[, waited, train_started_at,
+    train_ended_at, evaluations, eval_s, network_cpu_s, evaluated_at, evaluated_step]}."""
     line = line.strip()
+    if line.startswith("{"):
+        return _parse_json_progress(line)
     match = _PROGRESS.match(line)
     if not match:
         return None
@@ -126,7 +157,8 @@ def p2p_node_args(task: str, steps: int, seed: int, eval_every: float, poll: flo
     # without it the first peer trained alone while the others started, and a late one took the
     # swarm's state by sync (26 MB, 30-55 s at 20 Mbit/s), so runs differed by who came up when
     return ["--task", task, "--steps", str(steps), "--seed", str(seed), "--eval-every", str(eval_every),
-            "--log-every", str(poll), "--linger", "0", "--join-timeout", "120", "--min-members", str(peers), *extra]
+            "--log-every", str(poll), "--log-format", "json", "--linger", "0", "--join-timeout", "120",
+            "--min-members", str(peers), *extra]
 
 
 class LogTail:
@@ -161,6 +193,7 @@ def run_p2p(lab: Lab, name: str, extra: list[str], s: Settings, log_dir: Path) -
     steps = [0] * s.peers
     finished: list[Optional[float]] = [None] * s.peers
     trained: list[Optional[tuple[float, float]]] = [None] * s.peers
+    eval_s: list[Optional[float]] = [None] * s.peers
     tx0 = [lab.tx_bytes(i) for i in range(s.peers)]
     t0 = time.time()
     sent = BytesSampler(lab, tx0, t0)
@@ -176,7 +209,13 @@ def run_p2p(lab: Lab, name: str, extra: list[str], s: Settings, log_dir: Path) -
                 acc = progress["acc"]
                 if "train_started_at" in progress:  # the last line
                     trained[i] = (progress["train_started_at"], progress["train_ended_at"])
-                if not math.isnan(acc) and (not series[i] or series[i][-1][1] != acc or progress["phase"] == "done"):
+                    eval_s[i] = progress.get("eval_s")
+                if "evaluated_at" in progress:  # timed and stepped by the evaluation itself
+                    at, step = progress["evaluated_at"] - t0, int(progress.get("evaluated_step", steps[i]))
+                    if not math.isnan(acc) and (not series[i] or series[i][-1][0] != at):
+                        series[i].append((at, acc))
+                        by_step[i].append((step, acc))
+                elif not math.isnan(acc) and (not series[i] or series[i][-1][1] != acc or progress["phase"] == "done"):
                     series[i].append((now, acc))
                     by_step[i].append((steps[i], acc))
                 if finished[i] is None and steps[i] >= s.steps:
@@ -199,6 +238,8 @@ def run_p2p(lab: Lab, name: str, extra: list[str], s: Settings, log_dir: Path) -
     if all(t is not None for t in trained):
         res.start_s = round(max(a for a, _ in trained) - t0, 3)
         res.train_phase_s = round(max(b for _, b in trained) - max(a for a, _ in trained), 3)
+    if all(e is not None for e in eval_s):
+        res.eval_s = round(sum(eval_s) / len(eval_s), 3)
     _finish(res, lab, sent, series, by_step, steps, finished, s, cpu0)
     return res
 
@@ -278,6 +319,7 @@ def run_workers(lab: Lab, method: str, s: Settings, log_dir: Path) -> Result:
     steps = [0] * s.peers
     finished: list[Optional[float]] = [None] * s.peers
     ended: list[Optional[float]] = [None] * s.peers  # the last step's end (the done line's time, before its evaluation)
+    eval_s: list[Optional[float]] = [None] * s.peers
     for i in range(s.peers):
         for rec in _common.read_jsonl(log_dir / f"peer{i}.log"):
             t = rec["t"] - t0
@@ -287,12 +329,16 @@ def run_workers(lab: Lab, method: str, s: Settings, log_dir: Path) -> Result:
                 by_step[i].append((int(rec.get("step", 0)), float(rec["accuracy"])))
             if rec.get("event") == "done":
                 finished[i] = ended[i] = t
+                eval_s[i] = rec.get("eval_s")
             if rec.get("event") == "start":
                 res.start_s = t if res.start_s is None else max(res.start_s, t)
     if res.start_s is not None and all(e is not None for e in ended):
         res.train_phase_s = round(max(ended) - res.start_s, 3)
     if method == "ddp":  # one model: rank 0's evaluations are every rank's
         series, by_step = [series[0]], [by_step[0]]
+        eval_s = eval_s[:1]  # (and every rank waits for them at its next all-reduce)
+    if eval_s and all(e is not None for e in eval_s):
+        res.eval_s = round(sum(eval_s) / len(eval_s), 3)
     _finish(res, lab, sent, series, by_step, steps, finished, s, cpu0)
     return res
 

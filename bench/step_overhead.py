@@ -16,6 +16,8 @@ Per run and method:
 - network_cpu_s_per_step: p2p: the CPU seconds of the node's network thread (rounds, codecs,
   robust mixing, status answers; ``p2p status``: network_cpu_s) over its steps, mean over peers:
   averaging's own CPU, apart from evaluations and start-up;
+- train_phase_less_eval_s: the training phase less the mean peer's wall seconds spent evaluating
+  (``eval_s``: the node's last progress line, compute-only's done line): what the steps alone took;
 - gate_wait_s: p2p: seconds the trainer waited at the algorithm's gates (outer rounds), mean over peers;
 - evaluations: per peer. Every method evaluates every ``--eval-every`` wall seconds, and on the
   wide task one evaluation (4000 samples) costs ~40 training steps of compute, so a run slowed
@@ -104,9 +106,10 @@ def run_once(method: str, peers: int, steps: int, task: str, seed: int, eval_eve
         if p.returncode is None:
             p.kill()
             p.wait()
-    started, ended, waits, evals, nets = [], [], [], [], []
+    started, ended, waits, evals, nets, eval_s = [], [], [], [], [], []
     for i in range(peers):
-        first, last, wait, n, net = _phase(log_dir / f"peer{i}.log", method)
+        first, last, wait, n, net, seconds = _phase(log_dir / f"peer{i}.log", method)
+        eval_s.append(seconds)
         nets.append(net)
         started.append(first)
         ended.append(last)
@@ -117,6 +120,11 @@ def run_once(method: str, peers: int, steps: int, task: str, seed: int, eval_eve
         "method": method, "load": [round(x, 2) for x in load], "ok": ok, "codes": codes,
         "train_time_s": round(max(finished), 2) if ok else None,
         "train_phase_s": round(max(ended) - max(started), 2) if ok and None not in started + ended else None,
+        # the training phase less the mean peer's seconds evaluating (evaluations follow the wall
+        # clock, so a slower run evaluates more: this compares the training alone)
+        "train_phase_less_eval_s": (round(max(ended) - max(started) - statistics.mean(eval_s), 2)
+                                    if ok and None not in started + ended + eval_s else None),
+        "eval_s": [None if e is None else round(e, 2) for e in eval_s],
         "cpu_s_per_step": round(statistics.mean(usage) / steps, 4) if None not in usage else None,
         "cpu_s_each": [None if u is None else round(u, 2) for u in usage],
         "startup_cpu_s": [None if c is None else round(c, 2) for c in startup_cpu],
@@ -138,9 +146,9 @@ def _step_of(line: str, method: str) -> Optional[int]:
 
 
 def _phase(path: Path, method: str) -> tuple:
-    """(first step's start, last step's end, gate wait, evaluations, network thread CPU) of one
-    peer from its log (compute-only: no network thread, 0)."""
-    first = last = wait = evals = net = None
+    """(first step's start, last step's end, gate wait, evaluations, network thread CPU, seconds
+    evaluating) of one peer from its log (compute-only: no network thread, 0)."""
+    first = last = wait = evals = net = eval_s = None
     text = path.read_text(errors="replace").splitlines() if path.exists() else []
     for line in text:
         if method == "compute_only":
@@ -152,7 +160,7 @@ def _phase(path: Path, method: str) -> tuple:
             if rec.get("event") == "start":
                 first = rec["t"]
             elif rec.get("event") == "done":
-                last, wait, net = rec["t"], 0.0, 0.0
+                last, wait, net, eval_s = rec["t"], 0.0, 0.0, rec.get("eval_s")
         else:
             progress = parse_progress(line)
             if progress and progress["phase"] == "done":
@@ -160,7 +168,8 @@ def _phase(path: Path, method: str) -> tuple:
                 wait = progress.get("waited", 0.0)
                 evals = int(progress["evaluations"]) if "evaluations" in progress else None
                 net = progress.get("network_cpu_s")
-    return first, last, wait, evals, net
+                eval_s = progress.get("eval_s")
+    return first, last, wait, evals, net, eval_s
 
 
 def main(argv=None) -> int:
@@ -200,12 +209,13 @@ def main(argv=None) -> int:
 def summarise(runs: list[dict[str, Any]], methods: list[str]) -> dict[str, dict[str, Any]]:
     """Per method: mean and median of each figure, and its overhead over compute-only's mean."""
     base = {key: _mean([r[key] for r in runs if r["method"] == "compute_only"])
-            for key in ("train_time_s", "train_phase_s", "cpu_s_per_step")}
+            for key in ("train_time_s", "train_phase_s", "train_phase_less_eval_s", "cpu_s_per_step")}
     out = {}
     for m in methods:
         mine = [r for r in runs if r["method"] == m]
         s: dict[str, Any] = {"runs": len(mine), "ok": sum(r["ok"] for r in mine)}
-        for key in ("train_time_s", "train_phase_s", "cpu_s_per_step", "gate_wait_s", "network_cpu_s_per_step"):
+        for key in ("train_time_s", "train_phase_s", "train_phase_less_eval_s", "cpu_s_per_step", "gate_wait_s",
+                    "network_cpu_s_per_step"):
             values = [r[key] for r in mine if r[key] is not None]
             s[key] = _mean(values)
             if key in base and base[key] and values:

@@ -191,7 +191,10 @@ def test_overhead_is_also_reported_without_start_up_and_in_cpu_seconds():
     assert ours.step_overhead == pytest.approx(0.2)
     assert ours.phase_overhead == pytest.approx(0.05) and ours.cpu_overhead == pytest.approx(0.05)
     table = slow_links_report.markdown(results, slow_links_runs.Settings("t", 4, 1000, 0, 1.0, 0.5, 600, 0.8), 60.0)
-    assert "| 20mbit | p2p-x | 132.0 | +20% | 105.0 | +5% | 0.0210 | +5% |" in table
+    assert "| 20mbit | p2p-x | 132.0 | +20% | 105.0 | +5% | — | 0.0210 | +5% |" in table
+    co.eval_s, ours.eval_s = 20.0, 30.0  # the slower run evaluated more: without that, +(75 / 80 - 1)
+    slow_links_report.compare_with_bounds(results)
+    assert ours.phase_less_eval_overhead == pytest.approx(75 / 80 - 1)
 
 
 def test_a_nodes_last_progress_line_gives_its_training_phase_and_gate_wait():
@@ -205,3 +208,21 @@ def test_a_nodes_last_progress_line_gives_its_training_phase_and_gate_wait():
     assert last["network_cpu_s"] == 12.5
     assert last["train_ended_at"] - last["train_started_at"] == pytest.approx(184.757)
     assert parse("node abc listening on 127.0.0.1:7000") is None
+
+
+def test_a_nodes_json_progress_line_times_its_accuracy_by_the_evaluation():
+    """The benchmarks start nodes with --log-format json: an accuracy is timed and stepped by its
+    evaluation, as the workers' are, not by when the line was read."""
+    parse = slow_links_runs.parse_progress
+    assert "--log-format" in slow_links_runs.p2p_node_args("t", 10, 0, 1.0, 0.5, 4, [])
+    line = parse('{"event": "progress", "time": 1795676840.5, "phase": "training", "step": 80, "loss": 1.2, '
+                 '"accuracy": 0.61, "gate_wait_s": 1.5, "evaluated_at": 1795676839.25, "evaluated_step": 74}')
+    assert line == {"phase": "training", "step": 80, "acc": 0.61, "waited": 1.5, "evaluated_at": 1795676839.25,
+                    "evaluated_step": 74}
+    before = parse('{"event": "progress", "phase": "training", "step": 3, "accuracy": null, "evaluated_at": null, '
+                   '"evaluated_step": -1}')
+    assert before["step"] == 3 and before["acc"] != before["acc"] and "evaluated_at" not in before
+    last = parse('{"event": "done", "phase": "lingering", "step": 300, "accuracy": 0.8, "train_started_at": 10.0, '
+                 '"train_ended_at": 200.0, "evaluations": 41, "eval_s": 30.5, "network_cpu_s": 12.5}')
+    assert (last["phase"], last["eval_s"], last["train_ended_at"]) == ("done", 30.5, 200.0)
+    assert parse('{"event": "resumed", "step": 3}') is None and parse("{not json") is None

@@ -172,6 +172,12 @@ def test_json_logs_are_json_line_by_line_with_the_nodes_events(tmp_path):
     assert done["step"] == 300 and 0 < done["accuracy"] <= 1
     assert done["train_started_at"] < done["train_ended_at"] and done["evaluations"] >= 1
     assert done["network_cpu_s"] > 0  # the network thread's CPU seconds (status: network_cpu_s)
+    assert 0 < done["eval_s"] < done["train_ended_at"] - done["train_started_at"] + 30
+    # each line times its accuracy by the evaluation behind it (benchmarks use it, bench/slow_links.py)
+    scored = [r for r in records if r.get("event") in ("progress", "done") and r["accuracy"] is not None]
+    assert scored and all(r["evaluated_at"] <= r["time"] and 0 <= r["evaluated_step"] <= r["step"] for r in scored)
+    assert [r["evaluated_at"] for r in scored] == sorted(r["evaluated_at"] for r in scored)
+    assert done["evaluated_step"] == 300 and done["evaluated_at"] >= done["train_ended_at"]
     joined = [r for r in records if r.get("event") == "member_joined"]
     assert joined[0]["member"] == swarm.addrs[0] and joined[0]["level"] == "info"
 

@@ -172,6 +172,8 @@ class Node:
                 "repair_bytes": avg.get("repair_bytes"), "inner_steps": avg.get("inner_steps"),
                 "rounds_partial": avg.get("rounds_partial"), "late": avg.get("late"),
                 "round_deadline_ms": avg.get("round_deadline_ms"), "gate_wait_s": s.get("gate_wait_s"),
+                "evaluated_at": _number(self.loop.state.evaluated_at) if self.loop else None,
+                "evaluated_step": self.loop.state.evaluated_step if self.loop else None,
                 **self._trained(final, s)})
         return (f"{'done' if final else s['phase']:9s} step {s['step']:6d}  loss {s['loss']:.4f}  "
                 f"acc {s['accuracy']:.4f}  {s['steps_per_s']:6.1f} step/s  "
@@ -198,4 +200,5 @@ class Node:
         if not final or loop is None or loop.started_at is None or loop.ended_at is None:
             return {}
         return {"train_started_at": loop.started_at, "train_ended_at": loop.ended_at,
-                "evaluations": loop.state.evaluations, "network_cpu_s": s.get("network_cpu_s")}
+                "evaluations": loop.state.evaluations, "eval_s": round(loop.state.eval_s, 3),
+                "network_cpu_s": s.get("network_cpu_s")}

@@ -29,6 +29,11 @@ class LoopState:
     accuracy: float = math.nan  # last held-out accuracy
     eval_loss: float = math.nan
     evaluations: int = 0  # held-out evaluations run (each costs many steps' compute on a small model)
+    # Wall clock (time.time()) when the last evaluation began: the moment the model it scored is
+    # from (a benchmark times accuracy by it, as its workers do, not by when the line was read)
+    evaluated_at: float = math.nan
+    evaluated_step: int = -1  # the applied steps the last evaluated model had taken
+    eval_s: float = 0.0  # wall seconds spent evaluating, in all
 
 
 def to_device(batch: tuple, device: torch.device) -> tuple:
@@ -64,12 +69,15 @@ class TrainingLoop:
         self.settle = settle or (lambda: None)  # before the last evaluation: the averaging round in flight lands
 
     def evaluate(self) -> None:
+        began, started = time.time(), time.monotonic()
         self.model.eval()
         metrics = self.task.evaluate(self.model, self.device)
         self.model.train()
         self.state.accuracy = float(metrics["accuracy"])
         self.state.eval_loss = float(metrics.get("loss", math.nan))
         self.state.evaluations += 1
+        self.state.evaluated_at, self.state.evaluated_step = began, self.steps_done()
+        self.state.eval_s += time.monotonic() - started
         self.on_report(self.state)
 
     def step(self) -> float:
