@@ -440,9 +440,7 @@ class SparseLoCo(_Codec):
 
     @staticmethod
     def _rows(rows: np.ndarray, k: int, codes: np.ndarray, levels: np.ndarray) -> None:
-        cols = rows_top_k(rows, k)
-        # rows is a contiguous view: a flat gather (take_along_axis's 2-D fancy index cost 2x)
-        kept = np.take(rows.reshape(-1), cols + (np.arange(rows.shape[0]) * rows.shape[1])[:, None])
+        cols, kept = rows_top_k(rows, k)  # per row in no particular order: codes sorted below
         mag = np.abs(kept)
         # the median split: entries above the (k - k//2)-th smallest kept magnitude are "high"
         thr = np.partition(mag, k - k // 2 - 1, axis=1)[:, k - k // 2 - 1: k - k // 2]
@@ -455,7 +453,9 @@ class SparseLoCo(_Codec):
         lv = levels.reshape(-1, 2)
         lv[:, 0] = s_low / (k - n_high)  # >= 1 entry is low: the threshold itself
         lv[:, 1] = np.where(n_high > 0, s_high / np.maximum(n_high, 1), lv[:, 0])
-        codes[:] = ((cols << 2) | ((kept < 0) << 1) | high).ravel()
+        row_codes = ((cols << 2) | ((kept < 0) << 1) | high).astype(np.uint16)
+        row_codes.sort(axis=1)  # the offset is a code's top bits: ascending offsets
+        codes[:] = row_codes.ravel()
 
     @staticmethod
     def check(c: Compressed) -> None:
