@@ -12,7 +12,8 @@ from hypothesis.extra import numpy as hnp
 
 from p2p.compression import (COMPRESSORS, Compressed, ErrorFeedback, compressor_from_config,
                              decompress, make_compressor, nbytes, validate)
-from p2p.compression.kernels import bf16_bits, f16_bits, f16_to_float32, rows_top_k, top_k_indices
+from p2p.compression.kernels import (bf16_bits, f16_bits, f16_to_float32, rows_top_k, sort_rows_u16,
+                                     top_k_indices)
 from p2p.compression.messages import CompressedTensor, compressed_fields
 from p2p.protocol import LocalProtocolError, RemoteProtocolError
 from p2p.wire import PROTOCOL_VERSION, decode, encode, registered_tags
@@ -267,6 +268,12 @@ def test_rows_top_k_keeps_nan_as_the_largest():
     rows[0, 7] = np.nan
     cols, vals = rows_top_k(rows, 82)
     assert 7 in cols and np.isnan(vals).sum() == 1
+
+
+@pytest.mark.parametrize("shape", [(5, 300), (2**16, 3), (2**16 + 5, 2)])  # both key widths
+def test_sort_rows_u16_sorts_each_row(shape):
+    a = np.random.default_rng(4).integers(0, 2**16, shape).astype(np.uint16)
+    np.testing.assert_array_equal(sort_rows_u16(a), np.sort(a, axis=1))
 
 
 def test_topk_float16_values_round_and_saturate():

@@ -55,7 +55,8 @@ from typing import Any, Optional, Protocol
 import numpy as np
 
 from p2p.compression.kernels import (CHUNK, bf16_bits, bf16_to_float32, block_absmax, block_abssum, f16_bits,
-                                     f16_to_float32, nblocks, per_element, rows_top_k, spans, top_k_indices)
+                                     f16_to_float32, nblocks, per_element, rows_top_k, sort_rows_u16, spans,
+                                     top_k_indices)
 from p2p.protocol import LocalProtocolError, RemoteProtocolError
 
 MAX_NUMEL = 2**31 - 1  # topk indices are int32
@@ -453,9 +454,8 @@ class SparseLoCo(_Codec):
         lv = levels.reshape(-1, 2)
         lv[:, 0] = s_low / (k - n_high)  # >= 1 entry is low: the threshold itself
         lv[:, 1] = np.where(n_high > 0, s_high / np.maximum(n_high, 1), lv[:, 0])
-        row_codes = ((cols << 2) | ((kept < 0) << 1) | high).astype(np.uint16)
-        row_codes.sort(axis=1)  # the offset is a code's top bits: ascending offsets
-        codes[:] = row_codes.ravel()
+        # the offset is a code's top bits: sorted codes, ascending offsets
+        codes[:] = sort_rows_u16(((cols << 2) | ((kept < 0) << 1) | high).astype(np.uint16)).ravel()
 
     @staticmethod
     def check(c: Compressed) -> None:

@@ -208,3 +208,14 @@ def rows_top_k(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         top >>= col_bits
         vals[r0:r1] = ((top >> 1) & _U32_MAG) | ((top & 1) << 31)
     return cols, vals.view(np.float32)
+
+
+def sort_rows_u16(a: np.ndarray) -> np.ndarray:
+    """Each row of a 2-D uint16 array sorted, as one flat sort of (row << 16 | value): numpy
+    sorts along an axis row by row, which on sparseloco's (chunks, ~82) codes cost 4x more."""
+    nrows, width = a.shape
+    key = np.arange(nrows, dtype=np.uint32 if nrows <= 1 << 16 else np.uint64)[:, None] << 16
+    key = key | a
+    key = key.reshape(-1)
+    key.sort()
+    return key.astype(np.uint16).reshape(nrows, width)  # drops the row
