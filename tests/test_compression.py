@@ -12,7 +12,8 @@ from hypothesis.extra import numpy as hnp
 
 from p2p.compression import (COMPRESSORS, Compressed, ErrorFeedback, compressor_from_config,
                              decompress, make_compressor, nbytes, validate)
-from p2p.compression.kernels import bf16_bits, f16_bits, f16_to_float32, top_k_indices
+from p2p.compression.kernels import (bf16_bits, f16_bits, f16_to_float32, rows_top_k, sort_rows_u16,
+                                     top_k_indices)
 from p2p.compression.messages import CompressedTensor, compressed_fields
 from p2p.protocol import LocalProtocolError, RemoteProtocolError
 from p2p.wire import PROTOCOL_VERSION, decode, encode, registered_tags
@@ -231,6 +232,48 @@ def test_topk_sampled_threshold_path_is_exact(kind):
     idx = top_k_indices(x, k)
     assert idx.size == k and np.unique(idx).size == k
     assert np.abs(x[idx]).min() >= np.delete(np.abs(x), idx).max()
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "heavy", "ties", "zeros", "signed_zeros", "inf", "sorted"])
+@pytest.mark.parametrize("nrows, width, k", [(37, 4096, 82), (9, 4096, 123), (5, 1000, 30), (70, 64, 2),
+                                             (40, 8, 3), (3, 10, 10), (2, 3, 1)])
+def test_rows_top_k_keeps_what_a_sorted_reference_keeps(kind, nrows, width, k):
+    """sparseloco's selection (both of its paths: 8 lanes per group, and 1) against a full sort:
+    the same multiset of |x| per row, each column once, values with their bits; the same
+    columns where |x| has no ties."""
+    rng = np.random.default_rng(3)
+    n = nrows * width
+    x = {"gaussian": rng.standard_normal(n), "heavy": wide(n, lo=-40, hi=40), "ties": rng.integers(-3, 4, n),
+         "zeros": np.where(rng.random(n) < 0.01, rng.standard_normal(n), 0.0),
+         "signed_zeros": np.where(rng.random(n) < 0.5, -0.0, 0.0), "inf": np.where(rng.random(n) < 0.02, np.inf, 1.0),
+         "sorted": np.arange(n)}[kind].astype(np.float32)
+    rows = x.reshape(nrows, width)
+    if kind == "inf":
+        rows[0] = -np.inf  # a row of nothing but ties at Inf
+    cols, vals = rows_top_k(rows, k)
+    assert cols.shape == vals.shape == (nrows, k) and vals.dtype == np.float32
+    assert ((cols >= 0) & (cols < width)).all()
+    assert all(np.unique(c).size == k for c in cols)
+    np.testing.assert_array_equal(vals.view(np.uint32), np.take_along_axis(rows, cols, 1).view(np.uint32))
+    mags = np.abs(rows)
+    ref = np.argsort(mags, axis=1, kind="stable")[:, width - k:]
+    np.testing.assert_array_equal(np.sort(np.abs(vals), axis=1), np.sort(np.take_along_axis(mags, ref, 1), axis=1))
+    if kind in ("gaussian", "heavy", "sorted"):
+        np.testing.assert_array_equal(np.sort(cols, axis=1), np.sort(ref, axis=1))
+
+
+def test_rows_top_k_keeps_nan_as_the_largest():
+    """NaN is the caller's bug; kept, it reaches the wire, which rejects it (module docstring)."""
+    rows = np.arange(4096, dtype=np.float32).reshape(1, -1)
+    rows[0, 7] = np.nan
+    cols, vals = rows_top_k(rows, 82)
+    assert 7 in cols and np.isnan(vals).sum() == 1
+
+
+@pytest.mark.parametrize("shape", [(5, 300), (2**16, 3), (2**16 + 5, 2)])  # both key widths
+def test_sort_rows_u16_sorts_each_row(shape):
+    a = np.random.default_rng(4).integers(0, 2**16, shape).astype(np.uint16)
+    np.testing.assert_array_equal(sort_rows_u16(a), np.sort(a, axis=1))
 
 
 def test_topk_float16_values_round_and_saturate():

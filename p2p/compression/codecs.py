@@ -55,7 +55,8 @@ from typing import Any, Optional, Protocol
 import numpy as np
 
 from p2p.compression.kernels import (CHUNK, bf16_bits, bf16_to_float32, block_absmax, block_abssum, f16_bits,
-                                     f16_to_float32, nblocks, per_element, rows_top_k, spans, top_k_indices)
+                                     f16_to_float32, nblocks, per_element, rows_top_k, sort_rows_u16, spans,
+                                     top_k_indices)
 from p2p.protocol import LocalProtocolError, RemoteProtocolError
 
 MAX_NUMEL = 2**31 - 1  # topk indices are int32
@@ -440,9 +441,7 @@ class SparseLoCo(_Codec):
 
     @staticmethod
     def _rows(rows: np.ndarray, k: int, codes: np.ndarray, levels: np.ndarray) -> None:
-        cols = rows_top_k(rows, k)
-        # rows is a contiguous view: a flat gather (take_along_axis's 2-D fancy index cost 2x)
-        kept = np.take(rows.reshape(-1), cols + (np.arange(rows.shape[0]) * rows.shape[1])[:, None])
+        cols, kept = rows_top_k(rows, k)  # per row in no particular order: codes sorted below
         mag = np.abs(kept)
         # the median split: entries above the (k - k//2)-th smallest kept magnitude are "high"
         thr = np.partition(mag, k - k // 2 - 1, axis=1)[:, k - k // 2 - 1: k - k // 2]
@@ -455,7 +454,8 @@ class SparseLoCo(_Codec):
         lv = levels.reshape(-1, 2)
         lv[:, 0] = s_low / (k - n_high)  # >= 1 entry is low: the threshold itself
         lv[:, 1] = np.where(n_high > 0, s_high / np.maximum(n_high, 1), lv[:, 0])
-        codes[:] = ((cols << 2) | ((kept < 0) << 1) | high).ravel()
+        # the offset is a code's top bits: sorted codes, ascending offsets
+        codes[:] = sort_rows_u16(((cols << 2) | ((kept < 0) << 1) | high).astype(np.uint16)).ravel()
 
     @staticmethod
     def check(c: Compressed) -> None:
