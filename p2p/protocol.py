@@ -32,7 +32,14 @@ class RemoteProtocolError(Exception):
 
 @dataclass(frozen=True)
 class Send:
-    """Ask the driver to deliver ``msg`` to the node advertised at ``to`` ("host:port")."""
+    """Ask the driver to deliver ``msg`` to the node advertised at ``to`` ("host:port").
+
+    ``fresh``: deliver it on a newly dialled connection. The sender held ``to`` unreachable
+    until now, so the old connection may sit in TCP's retransmission backoff (up to seconds
+    before anything queued behind it moves); the driver closes it first, dropping what was
+    still queued on it. Protocol code sets it rarely and rate-limited (membership's re-admission
+    and reconnect probes); a simulator ignores it."""
 
     to: str
     msg: Any
+    fresh: bool = False

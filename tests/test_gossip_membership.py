@@ -25,6 +25,7 @@ class Net:
         self.nodes: dict[str, Membership] = {}
         self.down: set[str] = set()
         self.log: list[tuple[str, str, object]] = []
+        self.fresh: list[tuple[str, str, object]] = []  # the sends asked to go on a fresh connection
         self.now = 0.0
         self.groups: dict[str, int] = {}  # partition: addresses in different groups cannot talk
 
@@ -39,6 +40,8 @@ class Net:
         while queue:
             src, s = queue.pop(0)
             self.log.append((src, s.to, s.msg))
+            if s.fresh:
+                self.fresh.append((src, s.to, s.msg))
             dst = self.nodes.get(s.to)
             if dst is None or s.to in self.down or src in self.down:
                 continue

@@ -53,9 +53,39 @@ def test_a_peer_that_stops_answering_loses_its_connection_within_the_heartbeat_t
         assert dropped, f"the connection to a silent peer was kept: {after}"
         assert dropped[0] < 3.0  # heartbeat timeout 1 s, plus one interval and scheduling
         assert zmq.EVENT_CONNECT_RETRIED in [e for e, _ in after] or zmq.EVENT_CONNECTED in [e for e, _ in after]
+        # Stop the events first: a closed monitor that is still fed blocks the context's I/O
+        # thread once its pipe fills (every later socket of Context.instance() in this process hangs).
+        transport._socket(addr).disable_monitor()
         monitor.close()
     finally:
         os.kill(peer.pid, signal.SIGCONT)
         peer.kill()
         peer.wait()
         transport.close()
+
+
+def test_redial_drops_the_old_connection_and_the_next_send_dials_afresh():
+    """Membership asks for a fresh connection to a member it held unreachable (``Send.fresh``):
+    the old one may sit in TCP's backoff. A ROUTER names each connection by its own routing id,
+    so a new id on the peer's side proves the message came on a new connection."""
+    own, peer_port = free_ports(2)
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.bind(f"tcp://127.0.0.1:{peer_port}")
+    transport = Transport(TransportConfig(), f"127.0.0.1:{own}")
+    addr = f"127.0.0.1:{peer_port}"
+    try:
+        assert router.poll(0) == 0
+        assert transport.send(addr, [b"one"], time.monotonic())
+        assert router.poll(5000)
+        first, body = router.recv_multipart()
+        assert body == b"one"
+        transport.redial(addr)
+        transport.redial("127.0.0.1:1")  # a peer with no sockets: nothing to close, not counted
+        assert transport.redials == 1 and transport.peer_sockets == 0
+        assert transport.send(addr, [b"two"], time.monotonic())
+        assert router.poll(5000)
+        second, body = router.recv_multipart()
+        assert body == b"two" and second != first
+    finally:
+        transport.close()
+        router.close(linger=0)

@@ -27,6 +27,13 @@ class MembershipConfig:
     reconnect_interval: float = 10.0  # how often we may push-pull one recently dead member
     reconnect_window: float = 600.0  # dead members are retried this long (partition healing)
     reap_after: float = 900.0  # dead/left members leave the table after this (>= reconnect_window)
+    # A brief cut heals within about one fast interval: members dead for less than the fast
+    # window are push-pulled every fast interval (at most reconnect_fast_max per interval), each
+    # time on a fresh connection (the old one may be in TCP's backoff: membership.py, "Healing").
+    reconnect_fast_interval: float = 1.0
+    reconnect_fast_window: float = 30.0
+    reconnect_fast_max: int = 3
+    nudge_interval: float = 1.0  # a member held suspect/dead that is heard from: answered fresh at most this often
     join_retry_initial: float = 1.0  # first join retry after this; doubles on every retry ...
     join_retry_max: float = 30.0  # ... up to this
     max_relays: int = 256  # PingReq requests served at once; further ones are dropped
@@ -68,6 +75,8 @@ class MembershipConfig:
             reconnect_interval=30.0,
             reconnect_window=3600.0,
             reap_after=3600.0,
+            reconnect_fast_interval=5.0,
+            reconnect_fast_window=120.0,
             join_retry_initial=2.0,
             join_retry_max=60.0,
         )
@@ -87,6 +96,9 @@ class MembershipConfig:
             reconnect_interval=1.0,
             reconnect_window=60.0,
             reap_after=120.0,
+            reconnect_fast_interval=0.25,
+            reconnect_fast_window=10.0,
+            nudge_interval=0.5,
             join_retry_initial=0.1,
             join_retry_max=2.0,
         )

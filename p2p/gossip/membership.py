@@ -38,6 +38,15 @@ its incarnation (to refute a suspicion, a death or a stale rumour about itself).
 - Partitions: members we declared dead stay in the table for ``reap_after``; for
   ``reconnect_window`` we now and then push-pull one of them (Serf's reconnect), so once the
   network heals each side learns that the other thinks it dead, refutes, and the views merge.
+- Healing a brief cut (beyond Serf): members dead for less than ``reconnect_fast_window`` are
+  push-pulled every ``reconnect_fast_interval`` (at most ``reconnect_fast_max`` a time), and a
+  member we hold suspect or dead that is heard from again is answered at once (our reply to it,
+  or a PushPull that tells it what we think, so it refutes and is re-admitted one round trip
+  later; at most once per ``nudge_interval`` per member, so a flapping or hostile peer cannot
+  make us spam). Those sends, and probes of a suspect, ask the driver for a fresh connection
+  (``Send.fresh``): the old one was carrying nothing through the cut, and TCP's retransmission
+  backoff would hold what we queue behind it for a second or more after the link is back
+  (issue 16: the cut peer's first share came ~1 s after the restore).
 
 Invariants (checked by the simulator): a member never holds itself DEAD (it refutes instead);
 a member's incarnation in any table never decreases while the row is held; a row that went
@@ -127,7 +136,8 @@ class Membership:
         self._seeds: tuple[str, ...] = ()
         self._join_backoff = config.join_retry_initial
         self._next_probe = self._next_gossip = self._next_push_pull = INF
-        self._next_reconnect = self._next_join = INF
+        self._next_reconnect = self._next_join = self._next_fast = INF
+        self._nudged: dict[str, float] = {}  # member -> when we last sent it something fresh
         self._alive_cache: tuple[int, list[tuple]] = (-1, [])
         self.stats: dict[str, int] = {}
 
@@ -213,7 +223,10 @@ class Membership:
         stats, key = self.stats, _RECV_KEYS[t]
         stats[key] = stats.get(key, 0) + 1
         out: list[Send] = []
+        held = self._members.get(sender)
         _HANDLERS[t](self, src, msg, now, out)
+        if held is not None and (held[0] == SUSPECT or held[0] == DEAD):
+            self._answer_fresh(src, sender, now, out)
         self._joined = True
         if sender in self._members:
             self._t.last_heard[sender] = now
@@ -241,6 +254,8 @@ class Membership:
             self._push_pull(now, out)
         if self._next_reconnect <= now:
             self._reconnect(now, out)
+        if self._next_fast <= now:
+            self._reconnect_fast(now, out)
         if self._next_join <= now:
             if self._joined:
                 self._next_join = INF
@@ -255,7 +270,8 @@ class Membership:
         if not self._started or self._left:
             return INF
         d = min(self._next_probe, self._probe_timeout_at, self._next_gossip,
-                self._next_push_pull, self._next_reconnect, self._next_join, self._next_suspicion, self._next_check)
+                self._next_push_pull, self._next_reconnect, self._next_join, self._next_suspicion, self._next_check,
+                self._next_fast)
         if self._relays:
             d = min(d, min(r[2] for r in self._relays.values()))
         return d
@@ -516,6 +532,8 @@ class Membership:
         self._t.set(nid, (state, nid, cur[2], inc), now)
         self._broadcast(u, now)
         self._count("declared_left" if state == LEFT else "declared_dead")
+        if state == DEAD and self._next_fast == INF:
+            self._next_fast = now + self.config.reconnect_fast_interval
 
     def _refute(self, accused: int, now: float) -> None:
         inc = max(self._inc, accused) + 1
@@ -556,7 +574,9 @@ class Membership:
         if rec[0] == SUSPECT:  # Lifeguard buddy system: tell the suspect, it may refute at once
             updates = ((SUSPECT, target, rec[2], rec[3], self.node_id),) + tuple(
                 u for u in updates if u[1] != target)
-        out.append(Send(rec[2], trusted(Ping, seq, self.node_id, target, updates)))
+        # A suspect's connection may be stuck in TCP's backoff: probe it on a fresh one (rate-limited).
+        fresh = rec[0] == SUSPECT and self._may_nudge(target, now)
+        out.append(Send(rec[2], trusted(Ping, seq, self.node_id, target, updates), fresh))
         self._count("sent_Ping")
         self._probe_seq = seq
         self._probe_id = target
@@ -647,6 +667,55 @@ class Membership:
             self._send_push_pull(members[nid][2], out)
             self._count("reconnects")
 
+    def _reconnect_fast(self, now: float, out: list) -> None:
+        """Push-pull the members that died less than ``reconnect_fast_window`` ago, each on a
+        fresh connection: once the link is back the first of these gets through at once."""
+        cfg = self.config
+        horizon = now - cfg.reconnect_fast_window
+        members = self._members
+        recent = [nid for nid, since in self._t.dead_since.items() if since >= horizon and members[nid][0] == DEAD]
+        if not recent:
+            self._next_fast = INF  # re-armed by the next death
+            return
+        self._next_fast = now + cfg.reconnect_fast_interval
+        if len(recent) > cfg.reconnect_fast_max:
+            recent = self._rng.sample(recent, cfg.reconnect_fast_max)
+        for nid in recent:
+            self._send_push_pull(members[nid][2], out, fresh=True)
+        self._count("fast_reconnects", len(recent))
+
+    def _may_nudge(self, nid: str, now: float) -> bool:
+        """At most one fresh send per ``nudge_interval`` per member (taken if True)."""
+        if now - self._nudged.get(nid, -INF) < self.config.nudge_interval:
+            return False
+        if len(self._nudged) > len(self._members):  # forget the old ones (rows reaped meanwhile)
+            horizon = now - self.config.nudge_interval
+            self._nudged = {n: t for n, t in self._nudged.items() if t >= horizon}
+        self._nudged[nid] = now
+        return True
+
+    def _answer_fresh(self, src: str, sender: str, now: float, out: list) -> None:
+        """A member we held suspect or dead spoke: answer it now, on a fresh connection (our
+        reply to it, if any, goes fresh). While we still hold it suspect or dead, a PushPull
+        asking for its table tells it so: it refutes, and its answer re-admits it. Else (this
+        message re-admitted it) our table, so that our connection to it is renewed all the same."""
+        if not self._may_nudge(sender, now):
+            return
+        self._count("readmit_nudges")
+        renewed = False
+        for i, s in enumerate(out):
+            if s.to == src:
+                out[i], renewed = Send(s.to, s.msg, True), True
+                break
+        row = self._members.get(sender)
+        ask = row is not None and (row[0] == SUSPECT or row[0] == DEAD)
+        if ask and any(s.to == src and type(s.msg) is PushPull for s in out):
+            return  # our reply already carries the table that tells it
+        if ask or not renewed:
+            out.append(Send(src, trusted(PushPull, self.node_id, False, ask, tuple(self._members.values())),
+                            not renewed))
+            self._count("sent_PushPull")
+
     def _send_join(self, out: list) -> None:
         states = tuple(self._members.values())
         for seed in self._seeds:
@@ -654,8 +723,8 @@ class Membership:
         self._count("sent_PushPull", len(self._seeds))
         self._count("join_attempts")
 
-    def _send_push_pull(self, addr: str, out: list) -> None:
-        out.append(Send(addr, trusted(PushPull, self.node_id, False, True, tuple(self._members.values()))))
+    def _send_push_pull(self, addr: str, out: list, fresh: bool = False) -> None:
+        out.append(Send(addr, trusted(PushPull, self.node_id, False, True, tuple(self._members.values())), fresh))
         self._count("sent_PushPull")
 
     def _count(self, key: str, n: int = 1) -> None:

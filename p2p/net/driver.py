@@ -292,6 +292,8 @@ class NetworkDriver:
         now = time.monotonic()
         for s in sends:
             msg = s.msg if self.tamper is None else self.tamper(s.msg)
+            if s.fresh:
+                self.transport.redial(s.to)
             if not self.transport.send(s.to, encode(msg, self.advertise), now):
                 self.peer.send_dropped(s, now)  # dropped here, never sent: the sender may take it back
 

@@ -43,6 +43,11 @@ re-dials every ``reconnect_ivl_max_ms`` at most, which succeeds as soon as the r
 and both channels set TCP_USER_TIMEOUT (``tcp_user_timeout_ms``), after which the kernel aborts
 a connection whose data goes unacknowledged; a bulk send then fails and the next one re-dials.
 What was queued on the dead connection is lost, as a cut link loses it anyway.
+Those limits take seconds; a link that comes back sooner finds the connections still in TCP's
+backoff (issue 16, a link cut for ~1 s: ``ss`` showed backoff 3, the next retransmission
+0.7-1.06 s away). So the protocol may ask for a fresh connection (``Send.fresh``: membership does,
+rate-limited, when it hears from or probes a member it held unreachable): ``redial`` closes both
+sockets to the peer, and the send dials anew; counted in ``redials``.
 
 With a swarm key (``keyring``), every message on both channels is sealed and opened here
 (p2p/net/seal.py): control messages one by one, the bulk stream as records sealed just before
@@ -259,6 +264,7 @@ class Transport:
         self.streams_closed_by_peer = 0  # idle outgoing streams the receiver closed (it died, restarted)
         self.slow_closed = 0  # inbound bulk connections cut off for sending too slowly
         self.peer_sockets_evicted = 0  # peers' sockets closed to stay within ``max_peer_sockets``
+        self.redials = 0  # peers' sockets closed on the protocol's request, to dial afresh
         self.sent_to = TopCounts()  # bytes of messages accepted for sending, by address
 
     # -- sockets --------------------------------------------------------------------------
@@ -323,6 +329,13 @@ class Transport:
         self.messages_sent += 1
         self._pump(addr, stream, now)
         return True
+
+    def redial(self, addr: str) -> None:
+        """Close the sockets to ``addr`` (what was queued on them is dropped) so that the next
+        send dials afresh instead of queueing behind a connection in TCP's backoff."""
+        if addr in self._last_used:
+            self._close_peer(addr)
+            self.redials += 1
 
     @property
     def peer_sockets(self) -> int:

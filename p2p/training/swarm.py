@@ -478,7 +478,7 @@ class Swarm:
             "messages_sent": t.messages_sent, "messages_received": t.messages_received,
             "send_drops": t.send_drops, "transfers_abandoned": t.transfers_abandoned,
             "bulk_connections_refused": t.connections_refused, "bulk_slow_closed": t.slow_closed,
-            "peer_sockets": t.peer_sockets, "peer_sockets_evicted": t.peer_sockets_evicted,
+            "peer_sockets": t.peer_sockets, "peer_sockets_evicted": t.peer_sockets_evicted, "redials": t.redials,
             "heap_trims": self._driver.trimmer.trims, "network_cpu_s": round(self._driver.cpu_s, 3),
             "network_turns": self._driver.turns, "rejected": dict(self._driver.rejected),
             "averaging": dict(peer.averager.stats), "consensus": peer.averager.disagreement.value,
