@@ -1,6 +1,6 @@
 """A brief cut heals at once (p2p/gossip/membership.py, "Healing a brief cut"): members dead for
 a short while are push-pulled every fast interval on a fresh connection, and a member held
-suspect or dead that speaks is answered at once, fresh, rate-limited per member. Sans-I/O, with
+dead that speaks is answered at once, fresh, rate-limited per member. Sans-I/O, with
 the instant network of test_gossip_membership (``Net.fresh`` lists the sends asked to go fresh)."""
 
 from __future__ import annotations
@@ -68,3 +68,21 @@ def test_answers_to_a_member_held_dead_are_rate_limited():
     later = a.receive("b:7946", Ping(200, "b", "a", ()), t0 + cfg.nudge_interval)
     assert [(type(s.msg).__name__, s.fresh) for s in later] == [("Ack", True), ("PushPull", False)]
     assert a.stats["readmit_nudges"] == 2
+
+
+def test_a_suspect_is_probed_and_answered_on_its_connection():
+    # A suspect is most often slow, not cut off: a fresh connection would drop a live transfer.
+    net, (a, b) = cluster(2, MembershipConfig())
+    net.down.add("b:7946")
+    net.fresh.clear()
+    deadline = net.now + 60.0
+    while state(a, "b")[0] != "suspect":
+        assert net.now < deadline, "b was never suspected"
+        net.run_until(net.now + 0.1)
+    net.run_until(net.now + 1.0)  # a probes its suspect meanwhile
+    assert state(a, "b")[0] == "suspect"
+    net.down.clear()
+    sends = a.receive("b:7946", Ping(99, "b", "a", ()), net.now)
+    assert sends and not any(s.fresh for s in sends), sends
+    assert not [m for s, d, m in net.fresh if d == "b:7946"], net.fresh
+    assert a.stats.get("readmit_nudges", 0) == 0

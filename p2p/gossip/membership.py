@@ -40,13 +40,14 @@ its incarnation (to refute a suspicion, a death or a stale rumour about itself).
   network heals each side learns that the other thinks it dead, refutes, and the views merge.
 - Healing a brief cut (beyond Serf): members dead for less than ``reconnect_fast_window`` are
   push-pulled every ``reconnect_fast_interval`` (at most ``reconnect_fast_max`` a time), and a
-  member we hold suspect or dead that is heard from again is answered at once (our reply to it,
+  member we hold dead that is heard from again is answered at once (our reply to it,
   or a PushPull that tells it what we think, so it refutes and is re-admitted one round trip
   later; at most once per ``nudge_interval`` per member, so a flapping or hostile peer cannot
-  make us spam). Those sends, and probes of a suspect, ask the driver for a fresh connection
-  (``Send.fresh``): the old one was carrying nothing through the cut, and TCP's retransmission
-  backoff would hold what we queue behind it for a second or more after the link is back
-  (issue 16: the cut peer's first share came ~1 s after the restore).
+  make us spam). Those sends ask the driver for a fresh connection (``Send.fresh``): the old
+  one was carrying nothing through the cut, and TCP's retransmission backoff would hold what
+  we queue behind it for a second or more after the link is back (issue 16: the cut peer's
+  first share came ~1 s after the restore). Only for members held dead: a suspect is most
+  often just slow, and redialling it would drop a transfer in flight on a live connection.
 
 Invariants (checked by the simulator): a member never holds itself DEAD (it refutes instead);
 a member's incarnation in any table never decreases while the row is held; a row that went
@@ -225,7 +226,7 @@ class Membership:
         out: list[Send] = []
         held = self._members.get(sender)
         _HANDLERS[t](self, src, msg, now, out)
-        if held is not None and (held[0] == SUSPECT or held[0] == DEAD):
+        if held is not None and held[0] == DEAD:
             self._answer_fresh(src, sender, now, out)
         self._joined = True
         if sender in self._members:
@@ -574,9 +575,7 @@ class Membership:
         if rec[0] == SUSPECT:  # Lifeguard buddy system: tell the suspect, it may refute at once
             updates = ((SUSPECT, target, rec[2], rec[3], self.node_id),) + tuple(
                 u for u in updates if u[1] != target)
-        # A suspect's connection may be stuck in TCP's backoff: probe it on a fresh one (rate-limited).
-        fresh = rec[0] == SUSPECT and self._may_nudge(target, now)
-        out.append(Send(rec[2], trusted(Ping, seq, self.node_id, target, updates), fresh))
+        out.append(Send(rec[2], trusted(Ping, seq, self.node_id, target, updates)))
         self._count("sent_Ping")
         self._probe_seq = seq
         self._probe_id = target
@@ -695,8 +694,8 @@ class Membership:
         return True
 
     def _answer_fresh(self, src: str, sender: str, now: float, out: list) -> None:
-        """A member we held suspect or dead spoke: answer it now, on a fresh connection (our
-        reply to it, if any, goes fresh). While we still hold it suspect or dead, a PushPull
+        """A member we held dead spoke: answer it now, on a fresh connection (our reply to it,
+        if any, goes fresh). While we still hold it suspect or dead, a PushPull
         asking for its table tells it so: it refutes, and its answer re-admits it. Else (this
         message re-admitted it) our table, so that our connection to it is renewed all the same."""
         if not self._may_nudge(sender, now):
