@@ -113,6 +113,70 @@ def test_joiners_take_the_schedule_and_fall_on_the_swarms_boundaries(monkeypatch
     assert late[0] and all(s == late[0] for s in late), late
 
 
+def cut_and_healed(steps=200, cut=(9, 40)):
+    """Three auto-H peers a, b, c stepping together, every share delivered at once (through the
+    wire). During the steps ``cut`` c holds a and b dead and they hold c dead (a membership that
+    flapped); c's measurements want H 4 then, a's and b's 16. Returns each peer's (step, round)
+    per share sent, and the peers."""
+    names, cut_now = ("a", "b", "c"), (lambda step: cut[0] <= step < cut[1])
+    ports = {n: ArrayPort(np.zeros(6), "m/6", immediate=True) for n in names}
+    peers = {n: DiLoCo(CFG, ports[n], random.Random(1), 0.0, options=DiLoCoConfig(inner_steps="auto"))
+             for n in names}
+    sent = {n: [] for n in names}
+
+    def view(n):
+        if not cut_now(ports[n].step):
+            return [m for m in names if m != n]
+        return [] if n == "c" else [m for m in ("a", "b") if m != n]
+
+    def wants(n):
+        step = ports[n].step
+        return 8 if step < cut[0] else 4 if n == "c" and cut_now(step) else 16
+
+    def deliver(src, sends):
+        for s in sends:
+            if isinstance(s.msg, OuterShare):
+                sent[src].append((s.msg.step, s.msg.round))
+            _, msg = decode(encode(s.msg, src))
+            deliver(s.to, peers[s.to].receive(src, msg, now, view(s.to)))
+
+    for n in names:
+        peers[n].self_addr = n
+        peers[n]._schedule.proposal = lambda exchange_s, n=n: wants(n)  # what each one's link measured
+    now = 0.0
+    while min(p.step for p in ports.values()) < steps:
+        now += COMPUTE_S
+        for n in names:
+            deliver(n, peers[n].tick(now, view(n)))
+            if ports[n].step < steps and peers[n].may_step(ports[n].step + 1, now):
+                ports[n].step += 1
+                deliver(n, peers[n].after_step(ports[n].step, now, view(n)))
+    return sent, peers
+
+
+def test_a_member_declared_dead_and_readmitted_begins_the_swarms_rounds_on_the_swarms_steps():
+    # Cut off, c took rounds alone at H 4 (more rounds than a and b over the same steps); once
+    # re-admitted, each of its rounds must be the one the others begin at that step, or every
+    # round mixes its Delta of one period with theirs of another (seen: 32 steps apart).
+    sent, peers = cut_and_healed()
+    late = {n: {(step, r) for step, r in v if step >= 64} for n, v in sent.items()}
+    assert late["a"] and late["a"] == late["b"] == late["c"], late
+    assert peers["c"].stats["rounds_realigned"] >= 1 and peers["c"]._schedule.h == 16
+
+
+def test_the_swarms_round_at_a_boundary_follows_the_steps_the_last_round_was_begun_at():
+    s = InnerSchedule("auto", overlap=False)
+    s.h = s.h_next = 16
+    s.anchor(8, 40, [48, 48])  # we began round 8 at step 40, the two others at 48
+    assert [s.round_at(step) for step in (48, 64, 96)] == [8, 9, 11]  # 48: theirs, taken already
+    s.anchor(8, 40, [48, 40 + H_MAX + 1])  # a step further off than the largest H is ignored
+    assert s.round_at(48) == 9  # the lower median of 40 and 48: ours
+    s.h_next = 32  # with overlap: the old H up to the next boundary, then the new one
+    s.anchor(8, 48, [48])
+    assert [s.round_at(step) for step in (64, 96, 128)] == [9, 10, 11]
+    assert InnerSchedule(25, overlap=False).round_at(50) is None  # a fixed H: rounds as they come
+
+
 def auto_peer(x=0.0, **options):
     port = ArrayPort(np.full(6, x), "m/6", immediate=True)
     return port, DiLoCo(CFG, port, random.Random(1), 0.0, options=DiLoCoConfig(inner_steps="auto", **options))

@@ -25,8 +25,10 @@ finding that accuracy falls as H grows, arXiv:2311.08105 Sec. 3). Every share ca
 sender's proposal (``inner_steps``); H is a power of two from 4 to 256 and becomes the upper
 median of the proposals of the set the round averaged, so the peers whose theta_start copies
 agree agree on H, and nested powers of two keep a peer that briefly disagrees on the swarm's
-boundaries. The schedule is part of the state (checkpoints, joiners). Only with one gossip
-round per outer step (``full``): only an exact average gives every peer the same set.
+boundaries; a peer that took rounds at another H (cut off, or declared dead and re-admitted)
+begins, at its next boundary, the round the swarm begins there (outer_schedule.py, rule 5).
+The schedule is part of the state (checkpoints, joiners). Only with one gossip round per outer
+step (``full``): only an exact average gives every peer the same set.
 
 Hooks (local step k):
 - ``after_step(k)``: when k is a multiple of H (the outer boundary; a joiner that adopted the
@@ -212,7 +214,7 @@ class DiLoCoConfig:
 @dataclass(frozen=True)
 class OuterShare:
     round: int  # the sender's gossip round (gossip_rounds per outer step)
-    step: int  # the sender's local step count
+    step: int  # the sender's step count at the boundary that began its outer step (a finished peer: its last)
     degree: int  # the sender's neighbour count this round
     model_key: str
     params: np.ndarray  # the sender's estimate of theta_start (outer parameters), or empty
@@ -281,7 +283,8 @@ class DiLoCo(AsynchronousHooks):
                                      "error feedback covers our own Delta, not an owner's average: outer_scatter.py)")
         self.port = port
         self._compressor = None if config.compression == "none" else compressor_from_config(config)
-        self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0}
+        self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0,
+                                      "rounds_realigned": 0}
         self._scatter = None  # the reduce-scatter round (outer_scatter.py): it compresses the slices
         if self.options.reduce_scatter:
             self._scatter = OuterScatter(config.compression, config.compression_block, port.numel, port.model_key,
@@ -334,10 +337,12 @@ class DiLoCo(AsynchronousHooks):
         self._serving: int | None = None  # the round a finished peer begins at its next tick
         self.stats["rounds_served"] = 0
         # Where the outer boundaries are, H fixed or chosen from the link (outer_schedule.py):
-        # the proposals of the neighbours' shares per round, and ours in the round in flight.
+        # the (proposal, boundary step) of the neighbours' shares per round, and ours in the
+        # round in flight: our proposal and the step of the boundary that began it.
         self._schedule = InnerSchedule(self.options.inner_steps, self._overlap)
-        self._proposals: dict[int, dict[str, int]] = {}
+        self._proposals: dict[int, dict[str, tuple[int, int]]] = {}
         self._proposal = 0
+        self._boundary_step = 0
         self._blocked_since: float | None = None  # when the trainer began waiting at a gate (not compute)
         self._show_schedule()
 
@@ -440,24 +445,29 @@ class DiLoCo(AsynchronousHooks):
             self._packed, delta = pack(self._compressor, delta, self._residual if own else None)
         self._payload = (start, delta, momentum)
 
-    def _begin(self, now: float, neighbours: Sequence[str]) -> list[Send]:
+    def _begin(self, now: float, neighbours: Sequence[str], round: int | None = None) -> list[Send]:
+        """Begin the next round (``round``: that one, the swarm's at our boundary, outer_schedule.py rule 5)."""
         self._continue_at = math.inf
         start, delta, momentum = own = self._payload
+        if self._serving is not None:
+            round = self._serving
+        # our step at the boundary that began this outer step (a finished peer: its last)
+        step = self.port.step if self._done else self._boundary_step
         plan = None
         if self._scatter is not None:  # the rounds average our own slice with its contributions
             if self.self_addr is None:
                 raise LocalProtocolError("diloco reduce-scatter needs the peer's address (Peer sets self_addr)")
-            r = self._rounds.next_round() if self._serving is None else self._serving
+            r = self._rounds.next_round() if round is None else round
             plan = self._scatter.plan_for(r, self.self_addr, neighbours)
             self._rounds.discard(r, self._scatter.taken_elsewhere(r, plan))
             own = (start, plan.part(delta, plan.index).copy(), momentum)
         if self._params_every_round:
-            r = self._rounds.begin(now, neighbours, self._payload, round=self._serving)
+            r = self._rounds.begin(now, neighbours, self._payload, round=round)
         else:
             self._wait_for = frozenset(j for j in neighbours if j not in self._absent)
             if not self._wait_for:  # never stop waiting for everyone (we would race ahead alone)
                 self._wait_for, self._absent = frozenset(neighbours), set()
-            r = self._rounds.begin(now, neighbours, own, round=self._serving, timeout_s=self._round_timeout(),
+            r = self._rounds.begin(now, neighbours, own, round=round, timeout_s=self._round_timeout(),
                                    wait_for=self._wait_for, patience_s=self._wait_ewma)  # rounds.py, "Passed by"
         self._began_at = now
         self._serving = None
@@ -469,7 +479,7 @@ class DiLoCo(AsynchronousHooks):
         # the exchange as measured: the usual wait of our rounds (outer_schedule.py, "Measured")
         self._proposal = self._schedule.proposal(self._wait_ewma)
         if plan is not None:
-            header = dict(round=r, step=self.port.step, degree=len(neighbours), model_key=self.port.model_key,
+            header = dict(round=r, step=step, degree=len(neighbours), model_key=self.port.model_key,
                           sketch=self._sketch, mixed=self._watch.mixed_last, inner_steps=self._proposal)
             sends = self._scatter.begin(r, plan, delta, header)
             self._poll(now)
@@ -480,10 +490,10 @@ class DiLoCo(AsynchronousHooks):
             if not to:
                 continue
             if self._packed is None:
-                msg = OuterShare(r, self.port.step, len(neighbours), self.port.model_key, params, delta,
+                msg = OuterShare(r, step, len(neighbours), self.port.model_key, params, delta,
                                  self._sketch, mom, self._watch.mixed_last, self._proposal)
             else:
-                msg = OuterShareQ(**compressed_fields(self._packed), round=r, step=self.port.step,
+                msg = OuterShareQ(**compressed_fields(self._packed), round=r, step=step,
                                   degree=len(neighbours), model_key=self.port.model_key, params=params,
                                   sketch=self._sketch, momentum=mom, mixed=self._watch.mixed_last,
                                   inner_steps=self._proposal)
@@ -496,10 +506,13 @@ class DiLoCo(AsynchronousHooks):
             self._watch.keep_delta(round, self._rounds.round, src, delta)
 
     def _agree_schedule(self, r: int, mixed) -> None:
-        """H from the proposals of the set round r averaged (outer_schedule.py, rule 2)."""
+        """H from the proposals of the set round r averaged, and the swarm's step for it
+        (outer_schedule.py, rules 2 and 5)."""
         theirs = self._proposals.pop(r, {})
-        self._schedule.agree([theirs.get(j, 0) for j in mixed.senders - mixed.refused] + [self._proposal],
-                             short=bool(self._wait_for - mixed.senders))
+        averaged = [theirs.get(j, (0, None)) for j in mixed.senders - mixed.refused]
+        self._schedule.agree([p for p, _ in averaged] + [self._proposal], short=bool(self._wait_for - mixed.senders))
+        if not self._done:  # a finished peer's boundaries are over
+            self._schedule.anchor(r, self._boundary_step, [s for _, s in averaged if s is not None])
         self._proposals = {k: v for k, v in self._proposals.items() if k > r}
         self._show_schedule()
 
@@ -668,12 +681,25 @@ class DiLoCo(AsynchronousHooks):
             # lost: the next boundary's Delta = theta_start - x covers these steps too.
             self.stats["boundaries_skipped"] += 1
             return []
+        round = self._round_here(step)
+        if round == -1:  # the swarm's round here is one we took already: skip it, as above
+            return []
+        self._boundary_step = step
         shipped = self.port.snapshot()
         np.subtract(self._start, shipped, out=shipped)  # theta_start - snapshot, in the snapshot's buffer
         self._set_payload(self._start, shipped, self._momentum, own=True)
         self._shipped = shipped if self._overlap else None
         self._syncing = True
-        return self._begin(now, neighbours)
+        return self._begin(now, neighbours, round)
+
+    def _round_here(self, step: int) -> int | None:
+        """The round our boundary ``step`` begins: the swarm's there (outer_schedule.py, rule 5);
+        None: the next, as usual; -1: none, the swarm took its round here at a step we passed."""
+        round, usual = self._schedule.round_at(step), self._rounds.next_round()
+        if round is None or round == usual or self._rounds.behind:  # behind: far on, rounds.py jumps
+            return None
+        self.stats["rounds_realigned"] += 1
+        return -1 if round < usual else round
 
     # -- network ------------------------------------------------------------------------------
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
@@ -715,7 +741,7 @@ class DiLoCo(AsynchronousHooks):
             self._watch.share_received(msg.round, src, msg.sketch, msg.step, msg.mixed, self._rounds.buffered())
             kept = set(self._rounds.buffered())
             self._proposals = {k: v for k, v in self._proposals.items() if k in kept}
-            self._proposals.setdefault(msg.round, {})[src] = msg.inner_steps
+            self._proposals.setdefault(msg.round, {})[src] = (msg.inner_steps, msg.step)
         if self._syncing and self._continue_at == math.inf:
             self._poll(now)
         self._serve(now)

@@ -7,7 +7,7 @@ Sec. 3, Fig. 5/Table 4) loses accuracy as H grows, so the smallest H that hides 
 the one to take, and a small H early (before the first measurement: ``H_MIN``) also closes
 DiLoCo's early-accuracy gap.
 
-Every peer must put its outer boundaries on the same steps, or rounds fall apart. Four rules
+Every peer must put its outer boundaries on the same steps, or rounds fall apart. Five rules
 make the schedule one that every peer derives alike, with no new message and no coordinator:
 
 1. **A grid.** H is a rung of ``LADDER`` (4 x 2^k, 4..256) and a boundary is a step that is a
@@ -31,6 +31,18 @@ make the schedule one that every peer derives alike, with no new message and no 
    so the new H applies at once (the next boundary is the next multiple of it). With overlap the
    round ends part way through the next period, at a different step on each peer: the new H
    waits for that period's boundary (``h_next``), which every peer computed with the old H.
+
+5. **Rounds follow the steps.** Rounds are matched by number, boundaries are steps: a peer that
+   held another H for a while (it averaged another set: cut off, or declared dead and
+   re-admitted by a flapping membership) took more or fewer rounds over the same steps than the
+   swarm, and from then on began each round at a different step than the others (seen: two of
+   four peers 32 steps off for the rest of the run). So every share carries its sender's
+   boundary step, and when a round ends the set it averaged fixes the swarm's step for it (the
+   lower median, ours included, of the steps within ``H_MAX`` of ours: the peers that averaged
+   the same set get the same). Our next boundary then begins the round the swarm begins there
+   (``round_at``): rounds later by the swarm's boundaries in between, or none at all when the
+   swarm already took that round at a step we have since passed (we skip the boundary; its
+   steps go into the next Delta). A joiner does the same by taking a donor's step count.
 
 Seen in the simulator (bench/diloco_auto_sim.py): peers that differ after a short round meet at
 the next boundary of the larger H and agree again from that round on. On a link so slow that
@@ -96,6 +108,8 @@ class InnerSchedule:
         self.step_s: Optional[float] = None  # EWMA compute seconds per inner step
         self._last: Optional[tuple[float, int]] = None  # (time, step) of the last boundary
         self._paused = 0.0  # seconds the trainer waited at gates since then
+        # (round, the swarm's step at it, h, h_next) as of the last round that ended (rule 5)
+        self._anchor: Optional[tuple[int, int, int, int]] = None
 
     def is_boundary(self, step: int) -> bool:
         return step > 0 and step % self.h == 0
@@ -134,6 +148,25 @@ class InnerSchedule:
         if not self.overlap:
             self.h = self.h_next
 
+    def anchor(self, round: int, own_step: int, steps: Iterable[int]) -> None:
+        """Round ``round`` ended, begun by us at ``own_step`` and by the senders of the set it
+        averaged at ``steps``: the swarm's step for it (rule 5). Call after ``agree``."""
+        if not self.auto:
+            return
+        near = sorted([own_step] + [s for s in steps if abs(s - own_step) <= H_MAX])
+        self._anchor = (round, near[(len(near) - 1) // 2], self.h, self.h_next)
+
+    def round_at(self, step: int) -> Optional[int]:
+        """The round the swarm begins at our boundary ``step`` (rule 5): the last round that
+        ended plus the swarm's boundaries after its step, up to ``step``. That last round itself
+        when there are none: the swarm took it already, we skip this boundary. None when
+        unknown (no round ended yet, or a fixed H)."""
+        if self._anchor is None:
+            return None
+        round, at, h, h_next = self._anchor
+        first = (at // h + 1) * h  # the swarm's next boundary, where it switches to h_next
+        return round + (0 if step < first else 1 + step // h_next - first // h_next)
+
     def state_dict(self) -> dict:
         return {"inner_steps": self.h, "inner_steps_next": self.h_next}
 
@@ -148,3 +181,4 @@ class InnerSchedule:
         if h not in LADDER or h_next not in LADDER:
             raise ValueError(f"state inner steps {h}, {h_next}: want rungs of {list(LADDER)}")
         self.h, self.h_next = h, h_next
+        self._anchor = None  # our step count and round were just taken with it
