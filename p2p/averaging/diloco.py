@@ -505,12 +505,12 @@ class DiLoCo(AsynchronousHooks):
         if not self._params_every_round and self._scatter is None:  # replays: the all-to-all rounds of ``full``
             self._watch.keep_delta(round, self._rounds.round, src, delta)
 
-    def _agree_schedule(self, r: int, mixed) -> None:
+    def _agree_schedule(self, r: int, mixed, missing: set) -> None:
         """H from the proposals of the set round r averaged, and the swarm's step for it
         (outer_schedule.py, rules 2 and 5)."""
         theirs = self._proposals.pop(r, {})
         averaged = [theirs.get(j, (0, None)) for j in mixed.senders - mixed.refused]
-        self._schedule.agree([p for p, _ in averaged] + [self._proposal], short=bool(self._wait_for - mixed.senders))
+        self._schedule.agree([p for p, _ in averaged] + [self._proposal], short=bool(missing))
         if not self._done:  # a finished peer's boundaries are over
             self._schedule.anchor(r, self._boundary_step, [s for _, s in averaged if s is not None])
         self._proposals = {k: v for k, v in self._proposals.items() if k > r}
@@ -527,14 +527,13 @@ class DiLoCo(AsynchronousHooks):
             return cap
         return min(cap, max(MIN_ROUND_TIMEOUT_S, ROUND_SLACK * self._wait_ewma))
 
-    def _observe_wait(self, mixed, now: float) -> None:
+    def _observe_wait(self, mixed, missing: set, now: float) -> None:
         """Learn the usual wait from a round that got every share it waited for; double it
         after one that got some but not all (so slower links never keep rounds timing out);
         whoever we waited for in vain while others came is not waited for until its shares come
         in step again. A round that got nothing (we are the one cut off) changes neither: we go
         on waiting for everyone, at the usual pace, and fall behind the swarm's rounds, which
         we catch up with by a jump (rounds.py) once the link is back."""
-        missing = self._wait_for - mixed.senders
         if not mixed.senders:
             return
         self._absent |= missing
@@ -556,10 +555,14 @@ class DiLoCo(AsynchronousHooks):
         r = self._rounds.round
         mixed = self._rounds.finish(self.port.step, tau, now)
         if not self._params_every_round:
-            self._observe_wait(mixed, now)
+            # Missing: a neighbour waited for whose share did not come. Not one whose share for a
+            # later round is here: it moved on without this round (its rounds were realigned,
+            # outer_schedule.py rule 5), in step and not cut, and its link was fast enough.
+            missing = self._wait_for - mixed.senders - self._rounds.moved_on()
+            self._observe_wait(mixed, missing, now)
             if self._scatter is None:  # else when the slices are gathered
                 self._watch.note_average(r, mixed.payload[1], mixed, tau is None)
-            self._agree_schedule(r, mixed)
+            self._agree_schedule(r, mixed, missing)
         self._watch.round_finished(r, mixed.refused, self._sketch, self.port.step, decide=not self._params_every_round)
         self._payload = mixed.payload
         self._packed = None

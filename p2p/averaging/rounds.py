@@ -167,6 +167,11 @@ class NeighbourRounds:
         """The rounds holding neighbours' vectors, oldest first (for tests and status)."""
         return sorted(self._inbox)
 
+    def moved_on(self) -> set[str]:
+        """The senders of the vectors buffered for rounds past the last one finished: once it
+        finished, neighbours that began a later round (they will not send that one)."""
+        return set().union(*(box for r, box in self._inbox.items() if r >= self.round))
+
     @property
     def behind(self) -> bool:
         """We fell behind: the next ``begin`` jumps to the highest round buffered."""
