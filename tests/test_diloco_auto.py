@@ -113,11 +113,11 @@ def test_joiners_take_the_schedule_and_fall_on_the_swarms_boundaries(monkeypatch
     assert late[0] and all(s == late[0] for s in late), late
 
 
-def cut_and_healed(steps=200, cut=(9, 40)):
+def cut_and_healed(steps=200, cut=(9, 40), h=16):
     """Three auto-H peers a, b, c stepping together, every share delivered at once (through the
     wire). During the steps ``cut`` c holds a and b dead and they hold c dead (a membership that
-    flapped); c's measurements want H 4 then, a's and b's 16. Returns each peer's (step, round)
-    per share sent, and the peers."""
+    flapped); c's measurements want H 4 then, a's and b's ``h``, and from then on all want ``h``.
+    Returns each peer's (step, round) per share sent, and the peers."""
     names, cut_now = ("a", "b", "c"), (lambda step: cut[0] <= step < cut[1])
     ports = {n: ArrayPort(np.zeros(6), "m/6", immediate=True) for n in names}
     peers = {n: DiLoCo(CFG, ports[n], random.Random(1), 0.0, options=DiLoCoConfig(inner_steps="auto"))
@@ -131,7 +131,7 @@ def cut_and_healed(steps=200, cut=(9, 40)):
 
     def wants(n):
         step = ports[n].step
-        return 8 if step < cut[0] else 4 if n == "c" and cut_now(step) else 16
+        return 8 if step < cut[0] else 4 if n == "c" and cut_now(step) else h
 
     def deliver(src, sends):
         for s in sends:
@@ -162,6 +162,17 @@ def test_a_member_declared_dead_and_readmitted_begins_the_swarms_rounds_on_the_s
     late = {n: {(step, r) for step, r in v if step >= 64} for n, v in sent.items()}
     assert late["a"] and late["a"] == late["b"] == late["c"], late
     assert peers["c"].stats["rounds_realigned"] >= 1 and peers["c"]._schedule.h == 16
+
+
+def test_a_readmitted_member_whose_rounds_time_out_before_the_others_shares_come_learns_from_the_late_ones():
+    # Back at H 4 with the others at 64, c begins its rounds long before theirs and times each
+    # out alone; theirs come late (dropped) while its shares reach them in time. Rule 5 alone
+    # never sees a round averaged with c in it: c must take H and the swarm's steps from the
+    # late shares of its last round, which the others averaged with its share.
+    sent, peers = cut_and_healed(steps=300, cut=(9, 70), h=64)
+    late = {n: {(step, r) for step, r in v if step > 128} for n, v in sent.items()}
+    assert late["a"] and late["a"] == late["b"] == late["c"], late
+    assert {p._schedule.h for p in peers.values()} == {64}
 
 
 def test_the_swarms_round_at_a_boundary_follows_the_steps_the_last_round_was_begun_at():

@@ -343,6 +343,9 @@ class DiLoCo(AsynchronousHooks):
         self._proposals: dict[int, dict[str, tuple[int, int]]] = {}
         self._proposal = 0
         self._boundary_step = 0
+        # The last round when it got no share: (round, our proposal, our step, the (proposal,
+        # step) of each share that came late for it), for the schedule (outer_schedule.py rule 5)
+        self._alone: tuple[int, int, int, dict[str, tuple[int, int]]] | None = None
         self._blocked_since: float | None = None  # when the trainer began waiting at a gate (not compute)
         self._show_schedule()
 
@@ -392,6 +395,7 @@ class DiLoCo(AsynchronousHooks):
             start = state_array(state, "theta_start", self.port.numel)
         momentum = state_array(state, "momentum", self.port.numel)
         self._schedule.load_state_dict(state)
+        self._alone = None
         self._show_schedule()
         residual = None
         if self._residual is not None:
@@ -513,7 +517,23 @@ class DiLoCo(AsynchronousHooks):
         self._schedule.agree([p for p, _ in averaged] + [self._proposal], short=bool(missing))
         if not self._done:  # a finished peer's boundaries are over
             self._schedule.anchor(r, self._boundary_step, [s for _, s in averaged if s is not None])
+        alone = not averaged and not self._done and self._schedule.auto
+        self._alone = (r, self._proposal, self._boundary_step, {}) if alone else None
         self._proposals = {k: v for k, v in self._proposals.items() if k > r}
+        self._show_schedule()
+
+    def _late_for_the_schedule(self, src: str, msg) -> None:
+        """A share came late for our last round, which got none: we began it ahead of the
+        others (we held a smaller H) and time it out before theirs come, round after round.
+        They averaged it with ours (it was there first): take H and the swarm's step from their
+        proposals and steps as they did (outer_schedule.py rules 2 and 5); the copies apart are
+        mended as after any missed round."""
+        r, proposal, step, late = self._alone
+        if msg.round != r or src in late or len(late) >= MAX_MIXED:
+            return
+        late[src] = (msg.inner_steps, msg.step)
+        self._schedule.agree([p for p, _ in late.values()] + [proposal])
+        self._schedule.anchor(r, step, [s for _, s in late.values()])
         self._show_schedule()
 
     def _show_schedule(self) -> None:
@@ -735,6 +755,8 @@ class DiLoCo(AsynchronousHooks):
             raise RemoteProtocolError("bad_value", f"inner_steps {msg.inner_steps}, want 0..{MAX_PROPOSAL}")
         if params is None and not isinstance(msg, OuterSlice):  # off the receive buffer: kept past this call
             self._keep_delta(msg.round, src, delta.copy() if isinstance(msg, OuterShare) else delta)
+        if self._alone is not None and not isinstance(msg, OuterSlice):
+            self._late_for_the_schedule(src, msg)
         if msg.round >= self._rounds.round - 1:
             self._absent.discard(src)  # in step with us again (a late share by one round: a straggler)
         if params is None and isinstance(msg, OuterShareQ):  # for catch-ups, late ones too (outer_catchup.py)

@@ -42,7 +42,11 @@ make the schedule one that every peer derives alike, with no new message and no 
    the same set get the same). Our next boundary then begins the round the swarm begins there
    (``round_at``): rounds later by the swarm's boundaries in between, or none at all when the
    swarm already took that round at a step we have since passed (we skip the boundary; its
-   steps go into the next Delta). A joiner does the same by taking a donor's step count.
+   steps go into the next Delta). A joiner does the same by taking a donor's step count. A
+   peer whose round got no share at all learns from the shares that come late for it: back
+   with a smaller H than the others, it begins its rounds before theirs and times each out
+   alone, round after round, while its own shares reach them in time; they averaged the set of
+   those late shares and ours, so H and the swarm's step come from that set (diloco.py).
 
 Seen in the simulator (bench/diloco_auto_sim.py): peers that differ after a short round meet at
 the next boundary of the larger H and agree again from that round on. On a link so slow that
