@@ -23,6 +23,7 @@ SIM_OPTIONS = {"diloco": dict(inner_steps=10), "gossipgrad": dict(model_every=4)
 # MembershipConfig fields that are durations (seconds): scaled together by sim_membership_config.
 MEMBERSHIP_DURATIONS = ("probe_interval", "probe_timeout", "gossip_interval", "gossip_to_the_dead",
                         "push_pull_interval", "reconnect_interval", "reconnect_window", "reap_after",
+                        "reconnect_fast_interval", "reconnect_fast_window", "nudge_interval",
                         "join_retry_initial", "join_retry_max")
 
 
