@@ -76,13 +76,68 @@ def cuda_case(args):
     return torch.cuda.is_available()
 
 
+# Runs each case in a process of its own, forked from one that imported the CLI (and torch)
+# once: the real entry point (p2p.cli.app.main), exit code and stderr of a process per case,
+# without 32 Python, numpy and torch start-ups (~1.4-3 CPU-s each: this module's fixture took
+# ~33 s of the suite). The parent starts no threads before forking; the test below still runs
+# `python -m p2p start` whole.
+FORKED_CASES = r"""
+import json, os, sys
+import torch  # (what the cases that get as far as loading a task import; no threads yet)
+import p2p.training.node
+from p2p.cli.app import main
+children = []
+for argv in json.loads(sys.argv[1]):  # all at once (an error's stderr fits in the pipe)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.dup2(write, 2)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        try:
+            main(["start", *argv])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            code = 99
+        sys.stderr.flush()
+        os._exit(code)
+    os.close(write)
+    children.append((pid, read))
+out = []
+for pid, read in children:
+    with os.fdopen(read, "rb") as pipe:
+        err = pipe.read().decode(errors="replace")
+    out.append((os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), err))
+print(json.dumps(out))
+"""
+
+
 @pytest.fixture(scope="module")
 def bad_flag_runs():
-    """Every BAD_FLAGS command run once, four at a time (each is a process start-up of ~1-3 CPU
-    seconds; run one by one they left a core idle): index -> (code, stdout, stderr lines). They
-    all fail before binding a port, so the shared --listen address is never contended."""
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(enumerate(pool.map(lambda case: None if cuda_case(case[0]) else run_start(*case[0]), BAD_FLAGS)))
+    """Every BAD_FLAGS command run once, each in its own process (FORKED_CASES): index -> (code,
+    stderr lines), None for a case this machine skips. They all fail before binding a port, so
+    the shared --listen address is never contended."""
+    import json
+
+    cases = [i for i, (args, _) in enumerate(BAD_FLAGS) if not cuda_case(args)]
+    proc = subprocess.run([sys.executable, "-c", FORKED_CASES, json.dumps([BAD_FLAGS[i][0] for i in cases])],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    results = {i: (code, err.strip().splitlines()) for i, (code, err) in zip(cases, json.loads(proc.stdout))}
+    return {i: results.get(i) for i in range(len(BAD_FLAGS))}
+
+
+def test_a_bad_flag_and_a_bad_task_spec_each_end_python_m_p2p_with_one_line():
+    """The same answers from whole `python -m p2p start` processes (the forked runs above share
+    one interpreter start-up): one of a flag, one of a task spec, run side by side."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = list(pool.map(lambda case: run_start(*case[0]), (BAD_FLAGS[0], BAD_FLAGS[14])))
+    for (code, _, err), (_, needle) in zip(runs, (BAD_FLAGS[0], BAD_FLAGS[14])):
+        assert code == 2 and needle in one_error_line(err)
 
 
 @pytest.mark.parametrize("index", range(len(BAD_FLAGS)), ids=[f"{i}-{needle}" for i, (_, needle) in enumerate(BAD_FLAGS)])
@@ -90,8 +145,8 @@ def test_bad_flags_and_task_specs(index, bad_flag_runs):
     args, needle = BAD_FLAGS[index]
     if cuda_case(args):
         pytest.skip("this machine has CUDA")
-    code, out, err = bad_flag_runs[index]
-    assert code == 2
+    code, err = bad_flag_runs[index]
+    assert code == 2, err
     assert needle in one_error_line(err)
 
 
