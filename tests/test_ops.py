@@ -148,7 +148,7 @@ def test_a_config_file_and_the_environment_drive_a_node_and_flags_win(tmp_path):
         assert "done      step     80" in out  # the environment over the file
         # the last line says when training began and ended (benchmarks time the training phase from it)
         assert re.search(r"done .* train_started_at \d+\.\d+  train_ended_at \d+\.\d+  evaluations [1-9]\d*  "
-                         r"network_cpu_s \d+\.\d+", out), out
+                         r"eval_s \d+\.\d+  network_cpu_s \d+\.\d+", out), out
         code, out, err = run("start", "--config", str(config), "--steps", "60", "--eval-every", "1000",
                              env={"P2P_STEPS": "80"})
         assert code == 0 and "done      step     60" in out  # the flag over both
