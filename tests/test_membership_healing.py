@@ -37,13 +37,19 @@ def test_fast_reconnects_are_bounded_in_rate_and_window():
     assert 1 <= len(tries) <= 6, len(tries)  # one per interval within the window, then none
 
 
-def test_a_member_held_dead_that_speaks_is_answered_fresh_and_readmitted_at_once():
-    # The fast and slow reconnects are far off: only hearing from it can bring it back now.
+def b_held_dead():
+    """Two members; b's link went down a minute ago and a holds it dead. Its fast and slow
+    reconnects are far off: only hearing from b can bring it back now."""
     cfg = MembershipConfig(reconnect_fast_interval=500.0, reconnect_interval=500.0)
     net, (a, b) = cluster(2, cfg)
     net.down.add("b:7946")
     net.run_until(net.now + 60.0)
     assert state(a, "b")[0] == "dead"
+    return cfg, net, a
+
+
+def test_a_member_held_dead_that_speaks_is_answered_fresh_and_readmitted_at_once():
+    _, net, a = b_held_dead()
     net.down.clear()
     net.fresh.clear()
     sends = a.receive("b:7946", Ping(99, "b", "a", ()), net.now)  # b's probe gets through
@@ -55,11 +61,7 @@ def test_a_member_held_dead_that_speaks_is_answered_fresh_and_readmitted_at_once
 
 
 def test_answers_to_a_member_held_dead_are_rate_limited():
-    cfg = MembershipConfig(reconnect_fast_interval=500.0, reconnect_interval=500.0)
-    net, (a, b) = cluster(2, cfg)
-    net.down.add("b:7946")
-    net.run_until(net.now + 60.0)
-    assert state(a, "b")[0] == "dead"
+    cfg, net, a = b_held_dead()
     t0 = net.now
     for i in range(20):  # b (or someone using its id) keeps talking; b itself hears nothing back
         sends = a.receive("b:7946", Ping(100 + i, "b", "a", ()), t0 + i * 0.01)
