@@ -86,3 +86,25 @@ def test_a_peer_that_stalled_for_two_periods_begins_the_round_the_others_are_at(
     assert p0["outer_steps"] - before["p0"]["outer_steps"] >= 5
     ref = s.alg("p0").outer_parameters
     assert all(np.allclose(s.alg(n).outer_parameters, ref, rtol=0, atol=1e-4) for n in s.names)
+
+
+def test_the_engine_begins_the_latest_round_a_neighbour_it_waits_for_began_within_reach():
+    from collections import defaultdict
+
+    from p2p.averaging.outer_catchup import LOG_ROUNDS
+    from p2p.averaging.rounds import NeighbourRounds
+    v = (np.zeros(4, np.float32),)
+    stats = defaultdict(int)
+    rounds = NeighbourRounds(60.0, stats, uniform=True, passed_within=LOG_ROUNDS)
+    rounds.offer("a", 0, 2, 0, v)
+    assert rounds.overtaken(frozenset("ab")) == 0  # its vector for our next round: no proof
+    rounds.offer("stranger", 2, 2, 0, v)  # not one we wait for
+    rounds.offer("a", LOG_ROUNDS, 2, 0, v)  # too far on: LEAD or the deadline decide
+    assert rounds.overtaken(frozenset("ab")) == 0 and stats["rounds_overtaken"] == 0
+    rounds.offer("b", 1, 2, 0, v)
+    assert rounds.overtaken(frozenset("ab")) == 1 and stats["rounds_overtaken"] == 1
+    assert rounds.begin(0.0, ["a", "b"], v, round=1, wait_for=["a", "b"]) == 1 and stats["jumps"] == 1
+    for off in (NeighbourRounds(60.0, stats, uniform=False, passed_within=LOG_ROUNDS),  # sparse graphs
+                NeighbourRounds(60.0, stats, uniform=True)):  # D-PSGD, GossipGraD
+        off.offer("b", 1, 2, 0, v)
+        assert off.overtaken(frozenset("ab")) == 0

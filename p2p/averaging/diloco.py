@@ -457,6 +457,12 @@ class DiLoCo(AsynchronousHooks):
             round = self._serving
         # our step at the boundary that began this outer step (a finished peer: its last)
         step = self.port.step if self._done else self._boundary_step
+        if not self._params_every_round:
+            self._wait_for = frozenset(j for j in neighbours if j not in self._absent)
+            if not self._wait_for:  # never stop waiting for everyone (we would race ahead alone)
+                self._wait_for, self._absent = frozenset(neighbours), set()
+            if round is None:  # the others finished our next round without us (rounds.py, "Overtaken")
+                round = self._rounds.overtaken(self._wait_for)
         plan = None
         if self._scatter is not None:  # the rounds average our own slice with its contributions
             if self.self_addr is None:
@@ -468,9 +474,6 @@ class DiLoCo(AsynchronousHooks):
         if self._params_every_round:
             r = self._rounds.begin(now, neighbours, self._payload, round=round)
         else:
-            self._wait_for = frozenset(j for j in neighbours if j not in self._absent)
-            if not self._wait_for:  # never stop waiting for everyone (we would race ahead alone)
-                self._wait_for, self._absent = frozenset(neighbours), set()
             r = self._rounds.begin(now, neighbours, own, round=round, timeout_s=self._round_timeout(),
                                    wait_for=self._wait_for, patience_s=self._wait_ewma)  # rounds.py, "Passed by"
         self._began_at = now

@@ -48,6 +48,17 @@ jump that far is more than a catch-up mends), and never before the round has wai
 ``patience_s`` (``begin``: the usual wait, so the vectors still coming in an ordinary round
 arrive first). It costs what a deadline would, only sooner.
 
+Overtaken (``passed_within`` and ``uniform``, DiLoCo's on ``full``): a peer whose rounds fell
+behind in time but not in number (its process stalled, or its trainer waited out rounds alone
+while the others went on) begins round r with the others' vectors for r and r + 1 already
+buffered. It would mix them all while they, no longer waiting for it, mixed without it: another
+set every round, and it would stay that far behind for good (its own vectors reach them too late
+to be waited for). On a full graph a neighbour needs our vector for every round, and we send
+none for r before we begin it, so a vector for a later round from a neighbour the round waits for
+proves it finished r without us. The round begins at the highest such round within
+``passed_within`` of ours instead (``overtaken``, counted: ``rounds_overtaken``): the set the others mix there
+is still open to ours, and the round skipped is mended like any missed one.
+
 Finished peers (``serving``): a peer that stopped stepping but lingers answers rounds instead
 of beginning them: ``serve_round`` names the oldest buffered round it has not begun (a
 neighbour began it), and the owning algorithm begins that round from its timer. A finished
@@ -156,7 +167,7 @@ class NeighbourRounds:
         self.stats = stats
         self._k = {name: prefix + name for name in
                    ("exchanges_started", "exchanges_completed", "rounds_partial", "late", "jumps",
-                    "duplicates", "overflow", "rounds_passed")}
+                    "duplicates", "overflow", "rounds_passed", "rounds_overtaken")}
         for key in self._k.values():
             stats.setdefault(key, 0)
 
@@ -319,6 +330,19 @@ class NeighbourRounds:
             return None
         return max((r for r, box in self._inbox.items()
                     if 2 <= r - self.round < self.passed_within and not self._wait_for.isdisjoint(box)), default=None)
+
+    def overtaken(self, wait_for: frozenset) -> int:
+        """The round the next ``begin`` of a round waiting for ``wait_for`` should take: the
+        highest within ``passed_within`` past ``next_round()`` that one of them sent a vector for
+        (module docstring, "Overtaken"; counted); else ``next_round()``."""
+        r = self.next_round()
+        if self.waiting or not (self.uniform and self.passed_within > 1 and wait_for):
+            return r
+        ahead = max((k for k, box in self._inbox.items()
+                     if 1 <= k - r < self.passed_within and not wait_for.isdisjoint(box)), default=r)
+        if ahead > r:
+            self._count("rounds_overtaken")
+        return ahead
 
     def _passed_by(self, now: float) -> bool:
         """The round in flight was passed by (module docstring, "Passed by")."""
