@@ -121,7 +121,11 @@ measured rate and the neighbours' skew; doubled after each round that timed out)
 ``MIN_ROUND_TIMEOUT_S`` and ``round_timeout_s``. A neighbour whose share missed a round is not
 waited for until a share of its arrives again (a cut peer costs the others one short timeout,
 not one per round), and the round's mix is the plain average of the shares that arrived, so the
-peers that got the same shares keep the same copy (rounds.py, ``uniform``).
+peers that got the same shares keep the same copy (rounds.py, ``uniform``). A peer whose rounds
+fell behind in time but not in number (its process stalled, or its trainer waited out rounds
+alone while the others went on: same H, same steps, only later) would find their shares for its
+round and the next already there at every boundary and mix another set than theirs for good;
+it begins the round they are at instead (rounds.py, "Overtaken"), with a fixed H as with auto.
 
 Robust mixing (``robust_mixing``, on by default; p2p/averaging/robust.py). On ``full`` (one
 round per outer step) it must give every peer that got the same shares the same outer step, or
