@@ -83,7 +83,8 @@ def counters(s):
     """The repair counters of every peer (for a failing assertion's message)."""
     keys = ("outer_steps", "repairs_started", "repairs_completed", "catch_ups_started", "catch_ups_completed",
             "repairs_replayed", "replays_missing", "repairs_failed", "repair_stale", "repair_chunks_missed",
-            "repairs_diverged", "repair_bytes", "copies_apart", "rounds_partial", "rounds_passed", "jumps", "repair_in_flight")
+            "repairs_diverged", "repair_bytes", "copies_apart", "rounds_partial", "rounds_passed", "rounds_overtaken",
+            "jumps", "repair_in_flight")
     return [{**{k: x["averaging"].get(k) for k in keys}, "send_drops": x["send_drops"]} for x in s]
 
 
