@@ -12,9 +12,12 @@ it. No sleeps."""
 
 import heapq
 import itertools
+from collections import defaultdict
 
 import numpy as np
 
+from p2p.averaging.outer_catchup import LOG_ROUNDS
+from p2p.averaging.rounds import NeighbourRounds
 from p2p.wire import decode, encode
 from tests import test_diloco_repair
 from tests.test_diloco_passed import N, Peers
@@ -89,10 +92,6 @@ def test_a_peer_that_stalled_for_two_periods_begins_the_round_the_others_are_at(
 
 
 def test_the_engine_begins_the_latest_round_a_neighbour_it_waits_for_began_within_reach():
-    from collections import defaultdict
-
-    from p2p.averaging.outer_catchup import LOG_ROUNDS
-    from p2p.averaging.rounds import NeighbourRounds
     v = (np.zeros(4, np.float32),)
     stats = defaultdict(int)
     rounds = NeighbourRounds(60.0, stats, uniform=True, passed_within=LOG_ROUNDS)

@@ -56,8 +56,9 @@ set every round, and it would stay that far behind for good (its own vectors rea
 to be waited for). On a full graph a neighbour needs our vector for every round, and we send
 none for r before we begin it, so a vector for a later round from a neighbour the round waits for
 proves it finished r without us. The round begins at the highest such round within
-``passed_within`` of ours instead (``overtaken``, counted: ``rounds_overtaken``): the set the others mix there
-is still open to ours, and the round skipped is mended like any missed one.
+``passed_within`` of ours instead (``overtaken``; counted: ``rounds_overtaken``): the set the
+others mix there is still open to ours, and the round skipped is mended like any missed one.
+Bounded as "Passed by" is: only a neighbour the round waits for, only so far.
 
 Finished peers (``serving``): a peer that stopped stepping but lingers answers rounds instead
 of beginning them: ``serve_round`` names the oldest buffered round it has not begun (a
