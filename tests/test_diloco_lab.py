@@ -36,14 +36,15 @@ LEVEL = 1.5  # "at the codec's level": at most this many times the steady state'
 @pytest.fixture
 def lab():
     if not os.environ.get("TEST_DILOCO_LAB"):
-        # Not reliable enough for CI yet (stop 25, with membership's fast heal, "Healing a brief
-        # cut"): 4 of 4 on the idle machine (31-35 s), 7 of 8 beside one busy loop (load 3.2-4,
-        # 39-41 s). The failure: the cut peer came back two outer steps behind the others and
+        # Stop 26, with rounds.py's "Overtaken" rule: 16 of 16, 8 of them beside one busy loop
+        # (load 2.4-6 with the other work on the machine, 31-75 s). Stop 25's failure (7 of 8
+        # beside a busy loop): the cut peer came back two outer steps behind the others and
         # stayed there (its trainer waited out its round during the cut while theirs went on),
-        # so every round it mixed another set than theirs and mended it by a one-round replay
-        # (no bytes pulled, but the copies never stayed equal). Before this stop's heal: 8 of 8
-        # at load 1.5-5, 7 of 10 at load 5-11 (one of those a node aborted by libzmq 4.3.5's
-        # `!_io_error` assertion: bench/zmq_router_abort.py).
+        # so every round it mixed another set than theirs and mended it by a one-round replay;
+        # tests/test_diloco_overtaken.py reproduces it. Now the cut peer begins the round the
+        # others are at (rounds_overtaken 1 in the runs that print it). Before stop 25's heal:
+        # 8 of 8 at load 1.5-5, 7 of 10 at load 5-11 (one of those a node aborted by libzmq
+        # 4.3.5's `!_io_error` assertion: bench/zmq_router_abort.py).
         pytest.skip("set TEST_DILOCO_LAB=1 to run (issue 16: not reliable within 3 rounds yet)")
     reason = probe()
     if reason is not None:
