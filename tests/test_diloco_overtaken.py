@@ -15,6 +15,7 @@ import itertools
 from collections import defaultdict
 
 import numpy as np
+import pytest
 
 from p2p.averaging.outer_catchup import LOG_ROUNDS
 from p2p.averaging.rounds import NeighbourRounds
@@ -70,18 +71,26 @@ class Stepping(Peers):
         self.held, self.ready_at[name] = [], self.now
 
 
-def test_a_peer_that_stalled_for_two_periods_begins_the_round_the_others_are_at(monkeypatch):
-    monkeypatch.setattr(test_diloco_repair, "H", H)
+@pytest.mark.parametrize("inner_steps, stall_s", [(H, 3.5), ("auto", 4.0)])
+def test_a_peer_that_stalled_for_two_periods_begins_the_round_the_others_are_at(monkeypatch, inner_steps, stall_s):
+    # auto: every peer's link wants H 32 (1.3 s periods); outer_schedule.py's rule 5 then also
+    # skips a boundary of the stalled peer's, which puts it on the others' steps as well
+    monkeypatch.setattr(test_diloco_repair, "H", inner_steps)
     s = Stepping()
+    for name in s.names:
+        s.alg(name)._schedule.proposal = lambda exchange_s: 32
     s.run(8.3)  # steady rounds: every peer learns the usual wait (its deadline: 2 s)
     assert min(s.alg(n).stats["outer_steps"] for n in s.names) >= 6
-    s.stall("p2", 3.5)
-    s.run(s.now + 4.0)  # a few rounds to come back in
+    assert {s.alg(n)._schedule.h for n in s.names} == {H if inner_steps == H else 32}
+    s.stall("p2", stall_s)
+    s.run(s.now + 6.0)  # a few rounds to come back in
     before = {n: dict(s.alg(n).stats) for n in s.names}
     s.run(s.now + 5.0)  # five more: in step, one copy
     p0, p2 = (s.alg(n).stats for n in ("p0", "p2"))
     assert p2["rounds_overtaken"] >= 1, dict(p2)
     assert abs(s.round_of("p0") - s.round_of("p2")) <= 1, (s.round_of("p0"), s.round_of("p2"))
+    if inner_steps == "auto":  # on the others' steps too (a fixed H needs not: any multiple of H is a boundary)
+        assert abs(s.peers["p0"][0].step - s.peers["p2"][0].step) < 32, [s.peers[n][0].step for n in s.names]
     for n in s.names:  # no more repairs of any kind, no copy apart
         now, was = s.alg(n).stats, before[n]
         for key in ("repairs_replayed", "repairs_started", "copies_apart", "rounds_partial"):

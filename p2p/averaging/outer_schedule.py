@@ -48,12 +48,11 @@ make the schedule one that every peer derives alike, with no new message and no 
    alone, round after round, while its own shares reach them in time; they averaged the set of
    those late shares and ours, so H and the swarm's step come from that set (diloco.py).
    Auto H only: with a fixed H every round is one boundary on every peer, so rounds and steps
-   never disagree. What a fixed H does meet is a peer behind in time on the same steps (a stall,
-   or a trainer that waited out rounds alone while the others went on): rounds.py's "Overtaken"
-   rule moves it to the round the others are at. Not checked with an auto H above H_MIN (in the
-   simulator a stalled auto peer stayed at H 4 and healed without it): there the set of that
-   round shows the others' boundary step ahead of ours, and this rule may then skip our next
-   boundary, which would put the peer behind in time again.
+   never disagree. Either H meets a peer behind in time on the same steps (a stall, or a
+   trainer that waited out rounds alone while the others went on): rounds.py's "Overtaken" rule
+   moves it to the round the others are at. With auto H this rule then finds the others'
+   boundary step for that round ahead of ours and skips one of our boundaries, which puts the
+   peer on their steps as well (tests/test_diloco_overtaken.py, H 32: in step, one copy).
 
 Seen in the simulator (bench/diloco_auto_sim.py): peers that differ after a short round meet at
 the next boundary of the larger H and agree again from that round on. On a link so slow that
