@@ -36,13 +36,13 @@ LEVEL = 1.5  # "at the codec's level": at most this many times the steady state'
 @pytest.fixture
 def lab():
     if not os.environ.get("TEST_DILOCO_LAB"):
-        # Stop 26, with rounds.py's "Overtaken" rule: 16 of 16, 8 of them beside one busy loop
-        # (load 2.4-6 with the other work on the machine, 31-75 s). Stop 25's failure (7 of 8
+        # Stop 26, with rounds.py's "Overtaken" rule: 22 of 22, 11 of them beside one busy loop
+        # (load 2.4-7.3 with the other work on the machine, 31-75 s). Stop 25's failure (7 of 8
         # beside a busy loop): the cut peer came back two outer steps behind the others and
         # stayed there (its trainer waited out its round during the cut while theirs went on),
         # so every round it mixed another set than theirs and mended it by a one-round replay;
         # tests/test_diloco_overtaken.py reproduces it. Now such a peer begins the round the
-        # others are at (rounds_overtaken 1 in 6 of the 12 runs that print it; in the others it
+        # others are at (rounds_overtaken 1 in 10 of the 18 runs that print it; in the others it
         # came back in step, or a short round's jump realigned it). Before stop 25's heal: 8 of 8
         # at load 1.5-5, 7 of 10 at load 5-11 (one of those a node aborted by libzmq 4.3.5's
         # `!_io_error` assertion: bench/zmq_router_abort.py).
