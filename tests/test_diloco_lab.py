@@ -35,18 +35,12 @@ LEVEL = 1.5  # "at the codec's level": at most this many times the steady state'
 
 @pytest.fixture
 def lab():
-    if not os.environ.get("TEST_DILOCO_LAB"):
-        # Stop 26, with rounds.py's "Overtaken" rule: 22 of 22, 11 of them beside one busy loop
-        # (load 2.4-7.3 with the other work on the machine, 31-75 s). Stop 25's failure (7 of 8
-        # beside a busy loop): the cut peer came back two outer steps behind the others and
-        # stayed there (its trainer waited out its round during the cut while theirs went on),
-        # so every round it mixed another set than theirs and mended it by a one-round replay;
-        # tests/test_diloco_overtaken.py reproduces it. Now such a peer begins the round the
-        # others are at (rounds_overtaken 1 in 10 of the 18 runs that print it; in the others it
-        # came back in step, or a short round's jump realigned it). Before stop 25's heal: 8 of 8
-        # at load 1.5-5, 7 of 10 at load 5-11 (one of those a node aborted by libzmq 4.3.5's
-        # `!_io_error` assertion: bench/zmq_router_abort.py).
-        pytest.skip("set TEST_DILOCO_LAB=1 to run (issue 16: not reliable within 3 rounds yet)")
+    # In CI since stop 26 (rounds.py's "Overtaken" rule): 22 of 22, 11 of them beside one busy
+    # loop (load 2.4-7.3, 31-75 s). Stop 25's failure (7 of 8 under load): the cut peer came back
+    # two outer steps behind in time, on the same rounds and steps, and mixed another set than the
+    # others every round (tests/test_diloco_overtaken.py reproduces it); before stop 25's heal,
+    # one run in ten also lost a node to libzmq's `!_io_error` abort (p2p/net/transport.py,
+    # "Never pause a connection").
     reason = probe()
     if reason is not None:
         pytest.skip(f"network lab unavailable: {reason}")
