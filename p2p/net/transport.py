@@ -19,7 +19,8 @@ progress for ``stall_timeout_s`` is abandoned by either end (which closes the co
 stream cannot skip a message half-sent).
 
 Memory stays bounded whatever peers do: small send high-water marks, non-blocking sends that
-drop and count rather than wait, an inbound size limit (ZMQ_MAXMSGSIZE, and the bulk reader's
+drop and count rather than wait, inbound control messages read every turn and dropped past a
+budget ("Never pause a connection"), an inbound size limit (ZMQ_MAXMSGSIZE, and the bulk reader's
 limits checked before any payload arrives), and a cap on inbound bulk connections. ZeroMQ
 reconnects by itself; a bulk connection that fails is re-dialled on the next large send
 (after ``reconnect_ivl_ms``). Sockets to peers unused for ``idle_close_s`` are closed.
@@ -32,6 +33,22 @@ has averaged less than ``bulk.min_rate_bytes_per_s`` is cut off (a trickling sen
 a connection, and one of the ``max_connections`` slots, for ever). A connection to the ZeroMQ
 port that does not finish its greeting within ``handshake_ms`` is closed by libzmq (it accepts
 every connection: its count is bounded only by the rate of connections times that timeout).
+
+Never pause a connection: libzmq (4.3.5 and master, issues #3937, #4364, #4767) stops reading a
+connection whose receive queue is full (RCVHWM) with bytes already read into its buffer; if the
+connection then fails (the peer resets it) it marks the engine ``_io_error``, and the next time
+it would write on that connection (the PONG to a ZMTP PING decoded from the buffer once the node
+reads again, or a DEALER's own heartbeat PING) it asserts ``!_io_error`` and aborts the process.
+ZMTP is below the seal: any host that reaches the port, or that a node dials (a node answers
+whatever address a message names), can do it on purpose (bench/zmq_router_abort.py). So no
+socket here has a receive limit (RCVHWM 0: the queue is never full, the engine never stops its
+input: src/stream_engine_base.cpp stops it only when a message cannot be pushed into the pipe,
+src/pipe.cpp's ``check_hwm`` never refuses one with a limit of 0), and memory is bounded by
+reading instead: every turn, ``receive`` reads the ROUTER until it is empty, hands the node at
+most ``recv_budget`` messages per connection and drops (counts, logs) the rest unopened, and
+drops whatever arrived on the outgoing DEALERs (peers never answer on them). What a connection
+can queue is what arrives between two turns (ZMQ_MAXMSGSIZE still bounds one message); a flood
+faster than the network thread drops it (``recv_drain_max`` per turn) still grows the queue.
 
 Dead connections: during a partition or a cut link TCP keeps the old connections and retries
 with exponential backoff (its retransmission or zero-window probe timer doubles up to two
@@ -66,6 +83,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import logging
 import socket
 import time
 from collections import Counter, deque
@@ -74,6 +92,7 @@ from typing import Iterable, Optional, Union
 
 import zmq
 
+from p2p.events import event
 from p2p.net.addresses import AddressError, bulk_address, parse_address, to_endpoint
 from p2p.net.bulk import BufferPool, BulkConfig, SealedReader, StreamReader, sealed_chunks, stream_parts
 from p2p.net.identity import Identity
@@ -81,6 +100,9 @@ from p2p.net.keyring import Keyring
 from p2p.net.seal import BulkSealer, ReplayGuard, open_message, open_signed, seal_message
 from p2p.protocol import RemoteProtocolError
 from p2p.wire import Limits
+
+
+DROP_LOG_EVERY_S = 10.0
 
 
 class TransportError(RuntimeError):
@@ -91,10 +113,13 @@ class TransportError(RuntimeError):
 class TransportConfig:
     send_hwm: int = 16  # queued outgoing messages per peer connection before sends drop
     reply_hwm: int = 4  # replies queued for one client (it asks one thing at a time) before replies drop
-    # Incoming messages ZeroMQ queues per connection before it stops reading it (the sender's own
-    # queue, then its sends, drop): a peer sends a few at a time; a flooding connection (any size
-    # up to max_message_bytes each) would park 256 in memory while this node is busy.
-    recv_hwm: int = 32
+    # Inbound control messages are bounded by reading, not by a ZeroMQ queue limit (module
+    # docstring, "Never pause a connection"): each ``receive`` hands the node at most
+    # ``recv_budget`` messages per connection and reads and drops (counted: ``recv_drops``) the
+    # rest, up to ``recv_drain_max`` reads in all (then it yields to the rest of the turn). A peer
+    # sends a few at a time (probes, replies, announcements), so only a flood crosses the budget.
+    recv_budget: int = 128
+    recv_drain_max: int = 4096
     max_message_bytes: int = 2 * 1024 * 1024 * 1024  # inbound message limit
     reconnect_ivl_ms: int = 100  # first reconnect delay after a peer drops
     reconnect_ivl_max_ms: int = 2000  # reconnect backoff cap
@@ -222,7 +247,12 @@ class Transport:
         self.context = zmq.Context.instance()
         self.router = self.context.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.RCVHWM, config.recv_hwm)
+        self.router.setsockopt(zmq.RCVHWM, 0)  # never full: see "Never pause a connection"
+        # A second connection naming a routing id already in use would otherwise be left unread
+        # by libzmq (an "anonymous" pipe no one reads), and with no queue limit it could grow for
+        # ever; with handover it takes the id over and the older connection is closed. Our peers
+        # name none (libzmq picks a random one), so only a made-up id can clash.
+        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         # A client that asks and never reads would otherwise have libzmq keep 1000 replies (a
         # model each, for ``p2p export``) per connection.
         self.router.setsockopt(zmq.SNDHWM, config.reply_hwm)
@@ -265,6 +295,8 @@ class Transport:
         self.slow_closed = 0  # inbound bulk connections cut off for sending too slowly
         self.peer_sockets_evicted = 0  # peers' sockets closed to stay within ``max_peer_sockets``
         self.redials = 0  # peers' sockets closed on the protocol's request, to dial afresh
+        self.recv_drops = 0  # control messages read and dropped: over ``recv_budget``, or on a DEALER
+        self._next_drop_log = 0.0
         self.sent_to = TopCounts()  # bytes of messages accepted for sending, by address
 
     # -- sockets --------------------------------------------------------------------------
@@ -274,6 +306,11 @@ class Transport:
             sock = self.context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
+            # Nothing should arrive on it (peers answer through their own sockets), but a hostile
+            # listener can send: with a queue limit its messages would pause the connection, and
+            # a reset then aborts the process at the next heartbeat ("Never pause a
+            # connection"). So no limit, and ``receive`` reads and drops whatever comes.
+            sock.setsockopt(zmq.RCVHWM, 0)
             sock.setsockopt(zmq.RECONNECT_IVL, self.config.reconnect_ivl_ms)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, self.config.reconnect_ivl_max_ms)
             sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
@@ -287,6 +324,7 @@ class Transport:
                 sock.close(linger=0)
                 raise
             self._control[addr] = sock
+            self.poller.register(sock, zmq.POLLIN)
         return sock
 
     # -- sending --------------------------------------------------------------------------
@@ -493,7 +531,7 @@ class Transport:
         return True
 
     # -- receiving ------------------------------------------------------------------------
-    def receive(self, timeout_s: float, now: float, max_messages: int = 64) -> list[Incoming]:
+    def receive(self, timeout_s: float, now: float) -> list[Incoming]:
         """Wait up to ``timeout_s`` for traffic; return complete messages (or rejections)."""
         writers = [st for st in self._out.values() if st.queue and st.sock is not None]
         # Idle outgoing streams are watched for the peer's close (readable: EOF), so one to a peer
@@ -525,14 +563,56 @@ class Transport:
         for sock, stream in list(self._in.items()):
             if events.get(sock.fileno(), 0) & zmq.POLLIN:
                 self._read(stream, now, out)
+        dropped = 0
         if events.get(self.router, 0) & zmq.POLLIN:
-            while len(out) < max_messages:
-                try:
-                    identity = self.router.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                out.append(self._receive_one(identity))
+            dropped += self._drain_router(out)
+        for sock in list(self._control.values()):
+            if events.get(sock, 0) & zmq.POLLIN:
+                dropped += self._drain(sock)
+        if dropped:
+            self._dropped(dropped, now)
         return out
+
+    def _drain_router(self, out: list[Incoming]) -> int:
+        """Read the ROUTER until it is empty (or ``recv_drain_max`` reads): at most
+        ``recv_budget`` messages per connection come out, the rest are dropped unopened."""
+        taken: Counter = Counter()
+        dropped = 0
+        for _ in range(self.config.recv_drain_max):
+            try:
+                identity = self.router.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if taken[identity] < self.config.recv_budget:
+                taken[identity] += 1
+                out.append(self._receive_one(identity))
+            else:
+                self._skip_rest(self.router)
+                dropped += 1
+        return dropped
+
+    def _drain(self, sock: zmq.Socket) -> int:
+        """Drop whatever arrived on an outgoing DEALER (a peer never answers on it)."""
+        dropped = 0
+        for _ in range(self.config.recv_drain_max):
+            try:
+                self.bytes_received += len(sock.recv(zmq.NOBLOCK, copy=False))
+            except zmq.Again:
+                break
+            self._skip_rest(sock)
+            dropped += 1
+        return dropped
+
+    def _skip_rest(self, sock: zmq.Socket) -> None:
+        while sock.getsockopt(zmq.RCVMORE):
+            self.bytes_received += len(sock.recv(copy=False))
+
+    def _dropped(self, n: int, now: float) -> None:
+        self.recv_drops += n
+        if now >= self._next_drop_log:  # a flood logs a line every DROP_LOG_EVERY_S; the counter says the rest
+            self._next_drop_log = now + DROP_LOG_EVERY_S
+            event("recv_dropped", f"dropped {n} control messages over the per-connection budget or on an "
+                  f"outgoing connection, {self.recv_drops} so far", logging.WARNING, dropped=n, total=self.recv_drops)
 
     def _accept(self, now: float) -> None:
         while True:
@@ -654,6 +734,7 @@ class Transport:
         """Close the sockets to ``addr`` (a message still queued for it is abandoned)."""
         sock = self._control.pop(addr, None)
         if sock is not None:
+            self.poller.unregister(sock)
             sock.close(linger=0)
         out = self._out.pop(addr, None)
         if out is not None:
@@ -665,6 +746,7 @@ class Transport:
     def close(self, linger_s: Optional[float] = None) -> None:
         linger = 0 if linger_s is None else int(linger_s * 1000)
         for sock in self._control.values():
+            self.poller.unregister(sock)
             sock.close(linger=linger)
         self._control.clear()
         for stream in self._out.values():

@@ -67,6 +67,8 @@ class SwarmCollector(Collector):
         yield CounterMetricFamily("p2p_identities_allow_reloads", "Times the allow file was re-read after a change",
                                   value=ids.get("reloads", 0))
         yield CounterMetricFamily("p2p_send_drops", "Messages not sent (queue full, no route)", value=s.get("send_drops", 0))
+        yield CounterMetricFamily("p2p_recv_drops", "Control messages read and dropped (over a connection's "
+                                  "budget per turn, or arriving on an outgoing connection)", value=s.get("recv_drops", 0))
         yield CounterMetricFamily("p2p_transfers_abandoned", "Large messages abandoned mid-way",
                                   value=s.get("transfers_abandoned", 0))
 

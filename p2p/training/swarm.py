@@ -476,7 +476,7 @@ class Swarm:
             "members": [_member_row(m, now) for m in peer.membership.table()],
             "bytes_sent": t.bytes_sent, "bytes_received": t.bytes_received,
             "messages_sent": t.messages_sent, "messages_received": t.messages_received,
-            "send_drops": t.send_drops, "transfers_abandoned": t.transfers_abandoned,
+            "send_drops": t.send_drops, "recv_drops": t.recv_drops, "transfers_abandoned": t.transfers_abandoned,
             "bulk_connections_refused": t.connections_refused, "bulk_slow_closed": t.slow_closed,
             "peer_sockets": t.peer_sockets, "peer_sockets_evicted": t.peer_sockets_evicted, "redials": t.redials,
             "heap_trims": self._driver.trimmer.trims, "network_cpu_s": round(self._driver.cpu_s, 3),

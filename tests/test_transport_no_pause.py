@@ -1,0 +1,131 @@
+"""A remote host cannot abort a node through libzmq's ``!_io_error`` assertion (p2p/net/transport.py,
+"Never pause a connection"). The hostile side speaks ZMTP by hand over a plain TCP socket, so it
+can put a PING after every message and reset the connection (SO_LINGER 0) at the moment it
+chooses; the node is a real child process, so an abort shows as its exit status, not as the
+test run dying. With a receive limit on the sockets (the old RCVHWM 32 on the ROUTER, libzmq's
+default 1000 on the DEALERs) both tests abort the node; without, it survives and counts what
+it dropped."""
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+
+from p2p.net.ports import free_ports
+from tests.conftest import wait_until
+
+NODE = """
+import json, select, sys, time
+from p2p.net.transport import Transport, TransportConfig
+port, peer = int(sys.argv[1]), sys.argv[2]
+t = Transport(TransportConfig(heartbeat_ivl_ms=50), f"127.0.0.1:{port}")
+if peer != "-":
+    t.send(peer, [b"hello"], time.monotonic())  # dials the hostile listener
+print("ready", flush=True)
+sys.stdin.readline()  # the node was busy (not reading) until now; the connection has been reset
+delivered, end = 0, time.monotonic() + 1.0  # 20 heartbeat intervals: a paused DEALER would abort
+while time.monotonic() < end:
+    delivered += len(t.receive(0.05, time.monotonic()))
+print(json.dumps({"delivered": delivered, "recv_drops": t.recv_drops}), flush=True)
+t.close()
+"""
+
+MESSAGES = 3000  # more than any receive limit the sockets had (32 on the ROUTER, 1000 on the DEALERs)
+
+
+def _frame(body: bytes, command: bool = False) -> bytes:
+    return bytes([0x04 if command else 0x00, len(body)]) + body
+
+
+def _hello(socket_type: bytes) -> bytes:
+    """ZMTP 3.1 greeting (NULL mechanism) and READY."""
+    greeting = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x01" + b"NULL".ljust(20, b"\x00") + b"\x00" + bytes(31)
+    ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", len(socket_type)) + socket_type
+    return greeting + _frame(ready, command=True)
+
+
+def _unread(sock: socket.socket) -> int:
+    """Bytes the node's kernel holds unread on the other end of ``sock`` (/proc/net/tcp's rx_queue)."""
+    mine, theirs = sock.getsockname()[1], sock.getpeername()[1]
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            local, remote, _, queues = line.split()[1:5]
+            if int(local.split(":")[1], 16) == theirs and int(remote.split(":")[1], 16) == mine:
+                return int(queues.split(":")[1], 16)
+    raise AssertionError("the node's end of the connection is gone")
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        got = sock.recv(n - len(data))
+        assert got, "the node closed the connection"
+        data += got
+    return data
+
+
+def _flood(sock: socket.socket, socket_type: bytes, old_limit: int) -> None:
+    """Messages, each followed by a PING; then a reset once libzmq has read past ``old_limit``
+    of them (with that receive limit it has stopped reading there, PINGs left in its buffer)."""
+    message, ping = _frame(b"m" * 20), _frame(b"\x04PING\x00\x00", command=True)
+    sock.settimeout(5.0)
+    sock.sendall(_hello(socket_type))
+    _read(sock, 64)  # its greeting, then its READY: from now on frames are messages
+    flags, size = _read(sock, 2)
+    _read(sock, size if not flags & 0x02 else int.from_bytes(bytes([size]) + _read(sock, 7), "big"))
+    data = (message + ping) * MESSAGES
+    sock.sendall(data)
+    past = len(data) - (old_limit + 2) * len(message + ping)
+    wait_until(lambda: _unread(sock) < past, 5.0, interval_s=0.01, what="libzmq to read the flood")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()  # RST
+
+
+def _node(port: int, peer: str) -> subprocess.Popen:
+    node = subprocess.Popen([sys.executable, "-c", NODE, str(port), peer], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert node.stdout.readline().strip() == "ready", node.stderr.read()
+    return node
+
+
+def _finish(node: subprocess.Popen) -> dict:
+    node.stdin.write("go\n")
+    node.stdin.flush()
+    out, err = node.communicate(timeout=15)
+    assert node.returncode == 0, f"the node died ({node.returncode}): {err.strip()[-300:]}"
+    return json.loads(out)
+
+
+def test_a_flood_with_pings_then_a_reset_on_the_control_port_does_not_abort_the_node():
+    """The ROUTER: with a receive limit it stopped reading with PINGs buffered, the reset marked
+    the connection broken, and reading again made it answer a buffered PING: abort."""
+    (port,) = free_ports(1)
+    node = _node(port, "-")
+    try:
+        _flood(socket.create_connection(("127.0.0.1", port)), b"DEALER", old_limit=32)
+        got = _finish(node)
+    finally:
+        node.kill()
+    # One connection, read in one turn: the budget came out, the rest read was dropped and counted
+    # (the reset may have cut off the end of the flood before libzmq read it).
+    assert got["delivered"] == 128 and got["recv_drops"] > 0, got
+    assert got["delivered"] + got["recv_drops"] <= MESSAGES, got
+
+
+def test_a_listener_that_floods_the_node_s_outgoing_connection_then_resets_it_does_not_abort_it():
+    """The DEALER the node dials a peer with: nothing reads it, so with a receive limit a flood
+    paused it, the reset marked it broken, and its own next heartbeat PING aborted the node
+    (the node dials whatever address a message names as its sender: any host can be the peer)."""
+    (port,) = free_ports(1)
+    listener = socket.create_server(("127.0.0.1", 0))
+    node = _node(port, f"127.0.0.1:{listener.getsockname()[1]}")
+    try:
+        listener.settimeout(5.0)
+        conn, _ = listener.accept()
+        _flood(conn, b"ROUTER", old_limit=1000)
+        got = _finish(node)
+    finally:
+        node.kill()
+        listener.close()
+    assert 1000 < got["recv_drops"] <= MESSAGES and got["delivered"] == 0, got
