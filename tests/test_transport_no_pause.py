@@ -12,7 +12,10 @@ import struct
 import subprocess
 import sys
 
+import zmq
+
 from p2p.net.ports import free_ports
+from p2p.net.transport import Transport, TransportConfig
 from tests.conftest import wait_until
 
 NODE = """
@@ -129,3 +132,25 @@ def test_a_listener_that_floods_the_node_s_outgoing_connection_then_resets_it_do
         node.kill()
         listener.close()
     assert 1000 < got["recv_drops"] <= MESSAGES and got["delivered"] == 0, got
+
+
+def test_a_second_connection_naming_a_routing_id_in_use_is_read_not_parked():
+    """libzmq leaves such a connection unread ("anonymous"), and with no receive limit it would
+    pile up in memory for ever; with ROUTER_HANDOVER it takes the id over and is read."""
+    (port,) = free_ports(1)
+    t = Transport(TransportConfig(), f"127.0.0.1:{port}")
+    dealers = []
+    try:
+        for text in (b"first", b"second"):
+            d = zmq.Context.instance().socket(zmq.DEALER)
+            d.setsockopt(zmq.LINGER, 0)
+            d.setsockopt(zmq.ROUTING_ID, b"same")
+            d.connect(f"tcp://127.0.0.1:{port}")
+            dealers.append(d)
+            d.send(text)
+            got = wait_until(lambda: t.receive(0.05, 0.0), 5.0, interval_s=0.0, what=f"the {text} message")
+            assert [bytes(f) for f in got[0].frames] == [text] and got[0].identity == b"same"
+    finally:
+        for d in dealers:
+            d.close()
+        t.close()
