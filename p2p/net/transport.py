@@ -47,8 +47,11 @@ src/pipe.cpp's ``check_hwm`` never refuses one with a limit of 0), and memory is
 reading instead: every turn, ``receive`` reads the ROUTER until it is empty, hands the node at
 most ``recv_budget`` messages per connection and drops (counts, logs) the rest unopened, and
 drops whatever arrived on the outgoing DEALERs (peers never answer on them). What a connection
-can queue is what arrives between two turns (ZMQ_MAXMSGSIZE still bounds one message); a flood
-faster than the network thread drops it (``recv_drain_max`` per turn) still grows the queue.
+can queue is what arrives between two turns (ZMQ_MAXMSGSIZE still bounds one message). A flood
+of small messages faster than the network thread reads and drops them (150-200k a second of CPU
+time here) still grows the queue, with no limit: bench/control_flood.py, one local sender of
+100-byte messages, RSS +70-120 MB/s (with RCVHWM 32: flat). That is the price of not aborting,
+until libzmq stops asserting (an engine marked broken should drop the PONG, not abort).
 
 Dead connections: during a partition or a cut link TCP keeps the old connections and retries
 with exponential backoff (its retransmission or zero-window probe timer doubles up to two
