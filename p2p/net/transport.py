@@ -46,12 +46,13 @@ input: src/stream_engine_base.cpp stops it only when a message cannot be pushed 
 src/pipe.cpp's ``check_hwm`` never refuses one with a limit of 0), and memory is bounded by
 reading instead: every turn, ``receive`` reads the ROUTER until it is empty, hands the node at
 most ``recv_budget`` messages per connection and drops (counts, logs) the rest unopened, and
-drops whatever arrived on the outgoing DEALERs (peers never answer on them). What a connection
-can queue is what arrives between two turns (ZMQ_MAXMSGSIZE still bounds one message). A flood
-of small messages faster than the network thread reads and drops them (150-200k a second of CPU
-time here) still grows the queue, with no limit: bench/control_flood.py, one local sender of
-100-byte messages, RSS +70-120 MB/s (with RCVHWM 32: flat). That is the price of not aborting,
-until libzmq stops asserting (an engine marked broken should drop the PONG, not abort).
+drops whatever arrived on the outgoing DEALERs (peers never answer on them; looked at every
+``DEALER_DRAIN_EVERY_S``). What a connection can queue is what arrives between two looks
+(ZMQ_MAXMSGSIZE still bounds one message). A flood of small messages faster than the network
+thread reads and drops them (150-200k a second of CPU time here) still grows the queue, with no
+limit: bench/control_flood.py, one local sender of 100-byte messages, RSS +70-120 MB/s (with
+RCVHWM 32: flat). That is the price of not aborting, until libzmq stops asserting (an engine
+marked broken should drop the PONG, not abort).
 
 Dead connections: during a partition or a cut link TCP keeps the old connections and retries
 with exponential backoff (its retransmission or zero-window probe timer doubles up to two
@@ -106,6 +107,7 @@ from p2p.wire import Limits
 
 
 DROP_LOG_EVERY_S = 10.0
+DEALER_DRAIN_EVERY_S = 0.1  # how often receive() empties the outgoing DEALERs (nothing should be there)
 
 
 class TransportError(RuntimeError):
@@ -300,6 +302,7 @@ class Transport:
         self.redials = 0  # peers' sockets closed on the protocol's request, to dial afresh
         self.recv_drops = 0  # control messages read and dropped: over ``recv_budget``, or on a DEALER
         self._next_drop_log = 0.0
+        self._next_dealer_drain = 0.0
         self.sent_to = TopCounts()  # bytes of messages accepted for sending, by address
 
     # -- sockets --------------------------------------------------------------------------
@@ -327,7 +330,6 @@ class Transport:
                 sock.close(linger=0)
                 raise
             self._control[addr] = sock
-            self.poller.register(sock, zmq.POLLIN)
         return sock
 
     # -- sending --------------------------------------------------------------------------
@@ -569,9 +571,12 @@ class Transport:
         dropped = 0
         if events.get(self.router, 0) & zmq.POLLIN:
             dropped += self._drain_router(out)
-        for sock in list(self._control.values()):
-            if events.get(sock, 0) & zmq.POLLIN:
-                dropped += self._drain(sock)
+        # Not every turn: asking 256 sockets costs 0.5-1.3 ms (polled with the ROUTER: 0.5 ms a turn).
+        if now >= self._next_dealer_drain:
+            self._next_dealer_drain = now + DEALER_DRAIN_EVERY_S
+            for sock in self._control.values():
+                if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    dropped += self._drain(sock)
         if dropped:
             self._dropped(dropped, now)
         return out
@@ -737,7 +742,6 @@ class Transport:
         """Close the sockets to ``addr`` (a message still queued for it is abandoned)."""
         sock = self._control.pop(addr, None)
         if sock is not None:
-            self.poller.unregister(sock)
             sock.close(linger=0)
         out = self._out.pop(addr, None)
         if out is not None:
@@ -749,7 +753,6 @@ class Transport:
     def close(self, linger_s: Optional[float] = None) -> None:
         linger = 0 if linger_s is None else int(linger_s * 1000)
         for sock in self._control.values():
-            self.poller.unregister(sock)
             sock.close(linger=linger)
         self._control.clear()
         for stream in self._out.values():
