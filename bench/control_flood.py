@@ -17,9 +17,11 @@ none dropped, RSS flat at 49-50 MB.
 from __future__ import annotations
 
 import argparse
+import resource
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 SENDER = """
 import sys, zmq
@@ -42,12 +44,16 @@ def main(argv=None) -> int:
     ap.add_argument("--senders", type=int, default=1)
     ap.add_argument("--size", type=int, default=100, help="bytes per message")
     ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--no-rebind", action="store_true", help="never replace the ROUTER (as before it did)")
     args = ap.parse_args(argv)
     from p2p.net.ports import free_ports
     from p2p.net.transport import Transport, TransportConfig
 
     (port,) = free_ports(1)
-    t = Transport(TransportConfig(), f"127.0.0.1:{port}")
+    config = TransportConfig()
+    if args.no_rebind:
+        config = replace(config, router_rebind_turns=sys.maxsize)
+    t = Transport(config, f"127.0.0.1:{port}")
     senders = [subprocess.Popen([sys.executable, "-c", SENDER, f"tcp://127.0.0.1:{port}", str(args.size)])
                for _ in range(args.senders)]
     try:
@@ -62,10 +68,12 @@ def main(argv=None) -> int:
                 delivered += 1
             if now - last >= 1.0:
                 print(f"{now - start:4.1f} s: delivered {delivered - last_delivered:6d}/s, dropped "
-                      f"{t.recv_drops - last_drops:8d}/s, RSS {rss_mb():6.0f} MB", flush=True)
+                      f"{t.recv_drops - last_drops:8d}/s, ROUTER rebinds {t.router_rebinds:3d}, "
+                      f"RSS {rss_mb():6.0f} MB", flush=True)
                 last, last_delivered, last_drops = now, delivered, t.recv_drops
         print(f"receive loop CPU {time.thread_time() - cpu:.1f} s in {args.seconds:.0f} s; "
-              f"{delivered} delivered, {t.recv_drops} dropped", flush=True)
+              f"{delivered} delivered, {t.recv_drops} dropped, {t.router_rebinds} rebinds; max RSS "
+              f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3:.0f} MB", flush=True)
     finally:
         for s in senders:
             s.kill()
