@@ -3,8 +3,10 @@
 can put a PING after every message and reset the connection (SO_LINGER 0) at the moment it
 chooses; the node is a real child process, so an abort shows as its exit status, not as the
 test run dying. With a receive limit on the sockets (the old RCVHWM 32 on the ROUTER, libzmq's
-default 1000 on the DEALERs) both tests abort the node; without, it survives and counts what
-it dropped."""
+default 1000 on the DEALERs) the first two tests abort the node; without, it survives and counts
+what it dropped. With no limit, a flood faster than the node reads would grow its memory, so the
+node closes the socket it arrives on ("Floods" there): the two tests with "sweep" and "listen
+afresh" in their names."""
 
 import json
 import select
@@ -31,7 +33,8 @@ sys.stdin.readline()  # the node was busy (not reading) until now; the connectio
 delivered, end = 0, time.monotonic() + 1.0  # 20 heartbeat intervals: a paused DEALER would abort
 while time.monotonic() < end:
     delivered += len(t.receive(0.05, time.monotonic()))
-print(json.dumps({"delivered": delivered, "recv_drops": t.recv_drops}), flush=True)
+print(json.dumps({"delivered": delivered, "recv_drops": t.recv_drops, "dealers_flooded": t.dealers_flooded}),
+      flush=True)
 t.close()
 """
 
@@ -69,7 +72,8 @@ def _read(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def _flood(sock: socket.socket, socket_type: bytes, old_limit: int) -> None:
+def _flood(sock: socket.socket, socket_type: bytes, old_limit: int, messages: int = MESSAGES,
+           reset: bool = True) -> None:
     """Messages, each followed by a PING; then a reset once libzmq has read past ``old_limit``
     of them (with that receive limit it has stopped reading there, PINGs left in its buffer)."""
     message, ping = _frame(b"m" * 20), _frame(b"\x04PING\x00\x00", command=True)
@@ -78,10 +82,12 @@ def _flood(sock: socket.socket, socket_type: bytes, old_limit: int) -> None:
     _read(sock, 64)  # its greeting, then its READY: from now on frames are messages
     flags, size = _read(sock, 2)
     _read(sock, size if not flags & 0x02 else int.from_bytes(bytes([size]) + _read(sock, 7), "big"))
-    data = (message + ping) * MESSAGES
+    data = (message + ping) * messages
     sock.sendall(data)
     past = len(data) - (old_limit + 2) * len(message + ping)
     wait_until(lambda: _unread(sock) < past, 5.0, interval_s=0.01, what="libzmq to read the flood")
+    if not reset:
+        return
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()  # RST
 
@@ -133,6 +139,26 @@ def test_a_listener_that_floods_the_node_s_outgoing_connection_then_resets_it_do
         node.kill()
         listener.close()
     assert 1000 < got["recv_drops"] <= MESSAGES and got["delivered"] == 0, got
+    assert got["dealers_flooded"] == 0, got  # (fewer than a sweep reads: nothing to close)
+
+
+def test_a_listener_that_sends_more_than_a_sweep_reads_has_the_node_close_that_connection():
+    """Whatever a listener sends on the node's outgoing DEALER is read and dropped; more than one
+    sweep's reads (``recv_drain_max``) could keep coming faster than that, so the node closes
+    the connection (the next send dials anew) rather than let libzmq queue it."""
+    (port,) = free_ports(1)
+    listener = socket.create_server(("127.0.0.1", 0))
+    node = _node(port, f"127.0.0.1:{listener.getsockname()[1]}")
+    try:
+        listener.settimeout(5.0)
+        conn, _ = listener.accept()
+        _flood(conn, b"ROUTER", old_limit=TransportConfig().recv_drain_max, messages=3 * MESSAGES, reset=False)
+        got = _finish(node)
+    finally:
+        node.kill()
+        listener.close()
+    # One sweep's worth read, then closed: the rest (~4900) libzmq held were never read.
+    assert got["dealers_flooded"] == 1 and got["recv_drops"] == TransportConfig().recv_drain_max, got
 
 
 def test_a_second_connection_naming_a_routing_id_in_use_is_read_not_parked():
