@@ -1,17 +1,19 @@
 """How the Transport's control port holds up to a flood now that nothing pauses a connection
-(p2p/net/transport.py, "Never pause a connection"): libzmq reads every connection as fast as it
-can, so memory stays bounded only while the network thread reads and drops faster than
-floods arrive. Flooding DEALERs in child processes send messages of ``--size`` bytes as fast as
-libzmq lets them; this process runs the receive loop (``receive`` and nothing else: a node
-also handles what comes out, at most ``recv_budget`` a connection a turn) and prints, each
-second, messages delivered and dropped, and this process's RSS.
+(p2p/net/transport.py, "Never pause a connection" and "Floods"): libzmq reads every connection
+as fast as it can, and the network thread reads and drops what is over the budget; a flood
+faster than that drain makes the node close its ROUTER (with all libzmq queued) and bind a fresh
+one. Flooding DEALERs in child processes send messages of ``--size`` bytes as fast as libzmq
+lets them; this process runs the receive loop (``receive`` and nothing else: a node also
+handles what comes out, at most ``recv_budget`` a connection a turn) and prints, each second,
+messages delivered and dropped, ROUTER rebinds and this process's RSS; at the end its peak RSS.
 
-    python bench/control_flood.py [--senders 1] [--size 100] [--seconds 6]
+    python bench/control_flood.py [--senders 1] [--size 100] [--seconds 6] [--no-rebind]
 
-On the 2-core dev box (load 4-4.7, the sender on the same machine): 100-byte messages, the
-receive loop dropped 40-75k a second and RSS grew 45 -> 475 MB in 5 s (with the ROUTER's old
-RCVHWM 32, temporarily restored: 46 MB throughout); 64 KiB messages: 7-8k delivered a second,
-none dropped, RSS flat at 49-50 MB.
+On the 2-core dev box (the sender on the same machine), 10 s each: 100-byte messages, 21
+rebinds, peak RSS 173 MB (load 3.1-3.4); 1-byte messages, 22 rebinds, peak 81 MB (load 3.1-3.4);
+with --no-rebind, 1-byte messages: 365 MB (load 3.4-3.8), 100-byte messages: 490 MB after 5 s
+(load 4.8-5.3), growing all along. (Before the receive limits were lifted, RCVHWM 32: 46 MB
+throughout.) 64 KiB messages: 7-8k delivered a second, none dropped, RSS flat at 49-50 MB.
 """
 
 from __future__ import annotations
