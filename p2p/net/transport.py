@@ -57,7 +57,7 @@ libzmq's I/O thread queues them faster still: bench/control_flood.py, one local 
 row, spanning ``router_rebind_after_s`` or more, each read ``recv_drain_max`` messages without
 emptying the ROUTER (a backlog no swarm's traffic builds: 16k messages and more), the node closes
 the ROUTER with everything libzmq queued for it and binds a new one on the same address
-(``router_rebinds``; the same flood then stays under 135 MB). Every inbound control connection
+(``router_rebinds``; the same flood then peaks at 110-175 MB; 1-byte messages at 80 MB). Every inbound control connection
 goes with it: peers' DEALERs re-dial by themselves within ``reconnect_ivl_ms`` (what they had
 written and the node had not read is lost, as a few probes are), a client waiting for a reply
 gets none. An outgoing DEALER that a sweep finds with ``recv_drain_max`` messages or more is
