@@ -51,25 +51,27 @@ drops whatever arrived on the outgoing DEALERs (peers never answer on them; look
 (ZMQ_MAXMSGSIZE still bounds one message).
 
 Floods: small messages can still arrive faster than the network thread reads and drops them
-(150-200k a second of CPU time here; 1-byte messages at that rate are a few Mbit/s), and
-libzmq's I/O thread queues them faster still: bench/control_flood.py, one local sender of
-100-byte messages, RSS +70-120 MB/s, 490 MB after 5 s. So when ``router_rebind_turns`` turns in a
-row, spanning ``router_rebind_after_s`` or more, each read ``recv_drain_max`` messages without
-emptying the ROUTER (a backlog no swarm's traffic builds: 16k messages and more), the node closes
-the ROUTER with everything libzmq queued for it and binds a new one on the same address
-(``router_rebinds``; the same flood then peaks at 110-175 MB; 1-byte messages at 80 MB). Every inbound control connection
-goes with it: peers' DEALERs re-dial by themselves within ``reconnect_ivl_ms`` (what they had
-written and the node had not read is lost, as a few probes are), a client waiting for a reply
-gets none. An outgoing DEALER that a sweep finds with ``recv_drain_max`` messages or more is
-closed (``dealers_flooded``) and the next send to that peer dials anew. Closing the ROUTER cannot
-abort: the engine of a closing connection cannot push what it reads (its pipe is no longer
-active, src/pipe.cpp ``check_write``), so it stops its input, and a reset then marks it
-``_io_error``; but nothing writes on it afterwards (a ROUTER sends no heartbeats of its own,
-and a peer's PING is never decoded again: ``restart_input`` comes only from a pipe made
-writable again, which a terminating pipe never is; ``zap_msg_available`` needs a security
-mechanism). A DEALER's own heartbeat PING could still do it, if its timer fired in the moment
-between the reset and the session destroying the engine (a few commands between libzmq's
-threads); that holds for every close of a DEALER (idle, eviction, redial), not only these.
+(150-200k a second of CPU time here; 1-byte messages at that rate are a few Mbit/s), and libzmq's
+I/O thread queues them faster still: bench/control_flood.py, one local sender of 100-byte
+messages, RSS +70-120 MB/s, 490 MB after 5 s. So when ``router_rebind_turns`` turns in a row,
+spanning ``router_rebind_after_s`` or more, each read ``recv_drain_max`` messages without emptying
+the ROUTER (a backlog no swarm's traffic builds: 16k messages and more), the node closes the
+ROUTER with everything libzmq queued for it and binds a new one on the same address
+(``router_rebinds``; the same flood then peaks at 110-175 MB; 1-byte messages at 80 MB). Every
+inbound control connection goes with it: peers' DEALERs re-dial by themselves within
+``reconnect_ivl_ms`` (what they had written and the node had not read is lost, as a few probes
+are), a client waiting for a reply gets none. An outgoing DEALER that a sweep finds with
+``recv_drain_max`` messages or more is closed (``dealers_flooded``) and the next send to that peer
+dials anew. Closing the ROUTER cannot abort: the engine of a closing connection cannot push what
+it reads (its pipe is no longer active, src/pipe.cpp ``check_write``), so it stops its input, and
+a reset then marks it ``_io_error``; but nothing writes on it afterwards (a ROUTER sends no
+heartbeats of its own, and a peer's PING is never decoded again: ``restart_input`` comes only from
+a pipe made writable again, which a terminating pipe never is; ``zap_msg_available`` needs a
+security mechanism). A DEALER's own heartbeat PING could still do it, if its timer fired in the
+moment between the reset and the session destroying the engine (a few commands between libzmq's
+threads); that holds for every close of a DEALER (idle, eviction, redial), not only these. Trials,
+bench/flood_close_abort.py: 72 rebinds and 280 DEALER closes under floods of PINGs and resets, no
+abort.
 
 Dead connections: during a partition or a cut link TCP keeps the old connections and retries
 with exponential backoff (its retransmission or zero-window probe timer doubles up to two
