@@ -625,7 +625,7 @@ class Transport:
                         del self._control[addr]
                         sock.close(linger=0)
                         self.dealers_flooded += 1
-                        self._flooded(f"closed the outgoing connection to {addr}: it was sent more than "
+                        self._flooded(f"closed the outgoing connection to {addr}: it was sent at least "
                                       f"{drop} messages in {DEALER_DRAIN_EVERY_S} s", now)
         if dropped:
             self._dropped(dropped, now)
