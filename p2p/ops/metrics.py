@@ -67,6 +67,12 @@ class SwarmCollector(Collector):
         yield CounterMetricFamily("p2p_identities_allow_reloads", "Times the allow file was re-read after a change",
                                   value=ids.get("reloads", 0))
         yield CounterMetricFamily("p2p_send_drops", "Messages not sent (queue full, no route)", value=s.get("send_drops", 0))
+        yield CounterMetricFamily("p2p_recv_drops", "Control messages read and dropped (over a connection's "
+                                  "budget per turn, or arriving on an outgoing connection)", value=s.get("recv_drops", 0))
+        yield CounterMetricFamily("p2p_router_rebinds", "Times the control port was closed and bound afresh (a flood "
+                                  "the node could not read fast enough)", value=s.get("router_rebinds", 0))
+        yield CounterMetricFamily("p2p_dealers_flooded", "Outgoing control connections closed for the messages the "
+                                  "listener sent on them", value=s.get("dealers_flooded", 0))
         yield CounterMetricFamily("p2p_transfers_abandoned", "Large messages abandoned mid-way",
                                   value=s.get("transfers_abandoned", 0))
 
