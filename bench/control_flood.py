@@ -1,5 +1,5 @@
 """How the Transport's control port holds up to a flood now that nothing pauses a connection
-(p2p/net/transport.py, "Never pause a connection" and "Floods"): libzmq reads every connection
+(p2p/net/control_port.py, "Never pause a connection" and "Floods"): libzmq reads every connection
 as fast as it can, and the network thread reads and drops what is over the budget; a flood
 faster than that drain makes the node close its ROUTER (with all libzmq queued) and bind a fresh
 one. Flooding DEALERs in child processes send messages of ``--size`` bytes as fast as libzmq

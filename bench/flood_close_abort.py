@@ -1,4 +1,4 @@
-"""Trials for the closes the Transport makes under a flood (p2p/net/transport.py, "Floods"): can
+"""Trials for the closes the Transport makes under a flood (p2p/net/control_port.py, "Floods"): can
 closing a socket whose connection is mid-flood, with ZMTP PINGs buffered and the peer resetting
 it, hit libzmq's ``!_io_error`` assertion and abort the node?
 

@@ -1,5 +1,5 @@
 """libzmq 4.3.5 aborts a process whose ROUTER gets a ZMTP PING it cannot answer; p2p's
-Transport no longer can be (fixed in p2p/net/transport.py, "Never pause a connection").
+Transport no longer can be (fixed in p2p/net/control_port.py, "Never pause a connection").
 
 What this shows: a ROUTER whose receive queue is full (``RCVHWM`` reached: the application is
 busy) stops reading the connection with bytes already buffered; when the connection then errors

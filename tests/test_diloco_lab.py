@@ -39,7 +39,7 @@ def lab():
     # loop (load 2.4-7.3, 31-75 s). Stop 25's failure (7 of 8 under load): the cut peer came back
     # two outer steps behind in time, on the same rounds and steps, and mixed another set than the
     # others every round (tests/test_diloco_overtaken.py reproduces it); before stop 25's heal,
-    # one run in ten also lost a node to libzmq's `!_io_error` abort (p2p/net/transport.py,
+    # one run in ten also lost a node to libzmq's `!_io_error` abort (p2p/net/control_port.py,
     # "Never pause a connection").
     reason = probe()
     if reason is not None:

@@ -1,4 +1,4 @@
-"""A remote host cannot abort a node through libzmq's ``!_io_error`` assertion (p2p/net/transport.py,
+"""A remote host cannot abort a node through libzmq's ``!_io_error`` assertion (p2p/net/control_port.py,
 "Never pause a connection"). The hostile side speaks ZMTP by hand over a plain TCP socket, so it
 can put a PING after every message and reset the connection (SO_LINGER 0) at the moment it
 chooses; the node is a real child process, so an abort shows as its exit status, not as the

@@ -20,7 +20,7 @@ stream cannot skip a message half-sent).
 
 Memory stays bounded whatever peers do: small send high-water marks, non-blocking sends that
 drop and count rather than wait, inbound control messages read every turn and dropped past a
-budget ("Never pause a connection"), an inbound size limit (ZMQ_MAXMSGSIZE, and the bulk reader's
+budget (p2p/net/control_port.py), an inbound size limit (ZMQ_MAXMSGSIZE, and the bulk reader's
 limits checked before any payload arrives), and a cap on inbound bulk connections. ZeroMQ
 reconnects by itself; a bulk connection that fails is re-dialled on the next large send
 (after ``reconnect_ivl_ms``). Sockets to peers unused for ``idle_close_s`` are closed.
@@ -34,44 +34,10 @@ a connection, and one of the ``max_connections`` slots, for ever). A connection 
 port that does not finish its greeting within ``handshake_ms`` is closed by libzmq (it accepts
 every connection: its count is bounded only by the rate of connections times that timeout).
 
-Never pause a connection: libzmq (4.3.5 and master, issues #3937, #4364, #4767) stops reading a
-connection whose receive queue is full (RCVHWM) with bytes already read into its buffer; if the
-connection then fails (the peer resets it) it marks the engine ``_io_error``, and the next time
-it would write on that connection (the PONG to a ZMTP PING decoded from the buffer once the node
-reads again, or a DEALER's own heartbeat PING) it asserts ``!_io_error`` and aborts the process.
-ZMTP is below the seal: any host that reaches the port, or that a node dials (a node answers
-whatever address a message names), can do it on purpose (bench/zmq_router_abort.py). So no
-socket here has a receive limit (RCVHWM 0: the queue is never full, the engine never stops its
-input: src/stream_engine_base.cpp stops it only when a message cannot be pushed into the pipe,
-src/pipe.cpp's ``check_hwm`` never refuses one with a limit of 0), and memory is bounded by
-reading instead: every turn, ``receive`` reads the ROUTER until it is empty, hands the node at
-most ``recv_budget`` messages per connection and drops (counts, logs) the rest unopened, and
-drops whatever arrived on the outgoing DEALERs (peers never answer on them; looked at every
-``DEALER_DRAIN_EVERY_S``). What a connection can queue is what arrives between two looks
-(ZMQ_MAXMSGSIZE still bounds one message).
-
-Floods: small messages can still arrive faster than the network thread reads and drops them
-(150-200k a second of CPU time here; 1-byte messages at that rate are a few Mbit/s), and libzmq's
-I/O thread queues them faster still: bench/control_flood.py, one local sender of 100-byte
-messages, RSS +70-120 MB/s, 490 MB after 5 s. So when ``router_rebind_turns`` turns in a row,
-spanning ``router_rebind_after_s`` or more, each read ``recv_drain_max`` messages without emptying
-the ROUTER (a backlog no swarm's traffic builds: 16k messages and more), the node closes the
-ROUTER with everything libzmq queued for it and binds a new one on the same address
-(``router_rebinds``; the same flood then peaks at 110-175 MB; 1-byte messages at 80 MB). Every
-inbound control connection goes with it: peers' DEALERs re-dial by themselves within
-``reconnect_ivl_ms`` (what they had written and the node had not read is lost, as a few probes
-are), a client waiting for a reply gets none. An outgoing DEALER that a sweep finds with
-``recv_drain_max`` messages or more is closed (``dealers_flooded``) and the next send to that peer
-dials anew. Closing the ROUTER cannot abort: the engine of a closing connection cannot push what
-it reads (its pipe is no longer active, src/pipe.cpp ``check_write``), so it stops its input, and
-a reset then marks it ``_io_error``; but nothing writes on it afterwards (a ROUTER sends no
-heartbeats of its own, and a peer's PING is never decoded again: ``restart_input`` comes only from
-a pipe made writable again, which a terminating pipe never is; ``zap_msg_available`` needs a
-security mechanism). A DEALER's own heartbeat PING could still do it, if its timer fired in the
-moment between the reset and the session destroying the engine (a few commands between libzmq's
-threads); that holds for every close of a DEALER (idle, eviction, redial), not only these. Trials,
-bench/flood_close_abort.py: 72 rebinds and 280 DEALER closes under floods of PINGs and resets, no
-abort.
+Never pause a connection, and floods: the control port (the ROUTER) and the outgoing DEALERs
+have no receive limit, since libzmq aborts the process when a paused connection is reset with a
+ZMTP PING buffered; memory is bounded by reading every turn instead, and a flood that outruns
+the reading closes the ROUTER and listens afresh (p2p/net/control_port.py).
 
 Dead connections: during a partition or a cut link TCP keeps the old connections and retries
 with exponential backoff (its retransmission or zero-window probe timer doubles up to two
@@ -106,7 +72,6 @@ from __future__ import annotations
 
 import errno
 import itertools
-import logging
 import socket
 import time
 from collections import Counter, deque
@@ -115,18 +80,14 @@ from typing import Iterable, Optional, Union
 
 import zmq
 
-from p2p.events import event
 from p2p.net.addresses import AddressError, bulk_address, parse_address, to_endpoint
+from p2p.net.control_port import ControlPort
 from p2p.net.bulk import BufferPool, BulkConfig, SealedReader, StreamReader, sealed_chunks, stream_parts
 from p2p.net.identity import Identity
 from p2p.net.keyring import Keyring
 from p2p.net.seal import BulkSealer, ReplayGuard, open_message, open_signed, seal_message
 from p2p.protocol import RemoteProtocolError
 from p2p.wire import Limits
-
-
-DROP_LOG_EVERY_S = 10.0
-DEALER_DRAIN_EVERY_S = 0.1  # how often receive() empties the outgoing DEALERs (nothing should be there)
 
 
 class TransportError(RuntimeError):
@@ -137,8 +98,8 @@ class TransportError(RuntimeError):
 class TransportConfig:
     send_hwm: int = 16  # queued outgoing messages per peer connection before sends drop
     reply_hwm: int = 4  # replies queued for one client (it asks one thing at a time) before replies drop
-    # Inbound control messages are bounded by reading, not by a ZeroMQ queue limit (module
-    # docstring, "Never pause a connection"): each ``receive`` hands the node at most
+    # Inbound control messages are bounded by reading, not by a ZeroMQ queue limit (control_port.py,
+    # "Never pause a connection"): each ``receive`` hands the node at most
     # ``recv_budget`` messages per connection and reads and drops (counted: ``recv_drops``) the
     # rest, up to ``recv_drain_max`` reads in all (then it yields to the rest of the turn). A peer
     # sends a few at a time (probes, replies, announcements), so only a flood crosses the budget.
@@ -147,7 +108,7 @@ class TransportConfig:
     # A flood faster than that drain (small messages, a few Mbit/s) still grows libzmq's queue:
     # when ``recv_drain_max`` reads have not emptied the ROUTER in ``router_rebind_turns`` turns
     # in a row spanning ``router_rebind_after_s``, the ROUTER is closed (freeing every queued
-    # message) and a fresh one bound on the same address (module docstring, "Floods"). Four
+    # message) and a fresh one bound on the same address (control_port.py, "Floods"). Four
     # turns: a backlog of 16k messages, which peers sending a few a second never build; a
     # quarter of a second: the longer, the more a flood queues (~100 MB a second here).
     router_rebind_after_s: float = 0.25
@@ -277,20 +238,16 @@ class Transport:
         self.allowed = allowed  # public keys whose messages are accepted (None: identities off)
         self.guard = ReplayGuard()  # sealed control nonces and bulk salts seen lately
         self.context = zmq.Context.instance()
-        self._listen = listen
-        self.router = self._router_socket()
         try:
-            self.router.bind(to_endpoint(listen))
+            self.control = ControlPort(self.context, to_endpoint(listen), config)
         except zmq.ZMQError as exc:
-            self.router.close()
             if exc.errno == errno.EADDRINUSE:
                 raise TransportError(f"cannot listen on {listen}: address already in use") from None
             raise TransportError(f"cannot listen on {listen}: {exc}") from None
-        self._unbound = False  # the ROUTER was replaced and the new one could not bind yet (_rebind)
         try:
             self.listener = _listen_socket(listen)
         except (OSError, AddressError) as exc:
-            self.router.close()
+            self.control.close()
             why = "address already in use" if getattr(exc, "errno", None) == errno.EADDRINUSE else str(exc)
             host, port = parse_address(listen)  # valid: the ROUTER bound it
             raise TransportError(f"cannot listen on {host}:{port + 1} (large messages use the port after "
@@ -316,34 +273,25 @@ class Transport:
         self.slow_closed = 0  # inbound bulk connections cut off for sending too slowly
         self.peer_sockets_evicted = 0  # peers' sockets closed to stay within ``max_peer_sockets``
         self.redials = 0  # peers' sockets closed on the protocol's request, to dial afresh
-        self.recv_drops = 0  # control messages read and dropped: over ``recv_budget``, or on a DEALER
-        self.router_rebinds = 0  # ROUTERs closed and bound afresh: the drain could not keep up
-        self.dealers_flooded = 0  # outgoing DEALERs closed: the listener sent more than a drain reads
-        self._next_drop_log = 0.0
-        self._next_flood_log = 0.0
-        self._behind_since: Optional[float] = None  # first of the turns in a row that left the ROUTER unemptied
-        self._behind_turns = 0
-        self._next_dealer_drain = 0.0
         self.sent_to = TopCounts()  # bytes of messages accepted for sending, by address
 
     # -- sockets --------------------------------------------------------------------------
-    def _router_socket(self) -> zmq.Socket:
-        """The listening socket for control messages (not bound yet)."""
-        router = self.context.socket(zmq.ROUTER)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.RCVHWM, 0)  # never full: see "Never pause a connection"
-        # A second connection naming a routing id already in use would otherwise be left unread
-        # by libzmq (an "anonymous" pipe no one reads), and with no queue limit it could grow for
-        # ever; with handover it takes the id over and the older connection is closed. Our peers
-        # name none (libzmq picks a random one), so only a made-up id can clash.
-        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        # A client that asks and never reads would otherwise have libzmq keep 1000 replies (a
-        # model each, for ``p2p export``) per connection.
-        router.setsockopt(zmq.SNDHWM, self.config.reply_hwm)
-        router.setsockopt(zmq.MAXMSGSIZE, self.config.max_message_bytes)
-        router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished client raises, we count it
-        router.setsockopt(zmq.HANDSHAKE_IVL, self.config.handshake_ms)  # (libzmq's default: 30 s)
-        return router
+    @property
+    def router(self) -> zmq.Socket:
+        """The control port's listening socket (it changes when a flood makes it listen afresh)."""
+        return self.control.socket
+
+    @property
+    def recv_drops(self) -> int:
+        return self.control.recv_drops
+
+    @property
+    def router_rebinds(self) -> int:
+        return self.control.router_rebinds
+
+    @property
+    def dealers_flooded(self) -> int:
+        return self.control.dealers_flooded
 
     def _socket(self, addr: str) -> zmq.Socket:
         sock = self._control.get(addr)
@@ -353,7 +301,7 @@ class Transport:
             sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
             # Nothing should arrive on it (peers answer through their own sockets), but a hostile
             # listener can send: with a queue limit its messages would pause the connection, and
-            # a reset then aborts the process at the next heartbeat ("Never pause a
+            # a reset then aborts the process at the next heartbeat (control_port.py, "Never pause a
             # connection"). So no limit, and ``receive`` reads and drops whatever comes.
             sock.setsockopt(zmq.RCVHWM, 0)
             sock.setsockopt(zmq.RECONNECT_IVL, self.config.reconnect_ivl_ms)
@@ -607,117 +555,11 @@ class Transport:
         for sock, stream in list(self._in.items()):
             if events.get(sock.fileno(), 0) & zmq.POLLIN:
                 self._read(stream, now, out)
-        dropped = 0
-        behind = False
-        if events.get(self.router, 0) & zmq.POLLIN:
-            read, drop = self._drain_router(out)
-            dropped += drop
-            behind = read >= self.config.recv_drain_max
-        self._keep_up(behind, now)
-        # Not every turn: asking 256 sockets costs 0.5-1.3 ms (polled with the ROUTER: 0.5 ms a turn).
-        if now >= self._next_dealer_drain:
-            self._next_dealer_drain = now + DEALER_DRAIN_EVERY_S
-            for addr, sock in list(self._control.items()):
-                if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    drop = self._drain(sock)
-                    dropped += drop
-                    if drop >= self.config.recv_drain_max:  # more to come: close it, the next send re-dials
-                        del self._control[addr]
-                        sock.close(linger=0)
-                        self.dealers_flooded += 1
-                        self._flooded(f"closed the outgoing connection to {addr}: it was sent at least "
-                                      f"{drop} messages in {DEALER_DRAIN_EVERY_S} s", now)
-        if dropped:
-            self._dropped(dropped, now)
+        before = self.control.bytes_dropped
+        self.control.drain(bool(events.get(self.router, 0) & zmq.POLLIN), self._receive_one, out, self.poller, now)
+        self.control.sweep(self._control, now)
+        self.bytes_received += self.control.bytes_dropped - before
         return out
-
-    def _keep_up(self, behind: bool, now: float) -> None:
-        """Count the turns in a row whose drain left the ROUTER unemptied; when they have lasted
-        long enough, replace the ROUTER (what libzmq queued for it goes with it)."""
-        if self._unbound:
-            self._bind_router()
-        if not behind:
-            self._behind_since, self._behind_turns = None, 0
-            return
-        if self._behind_since is None:
-            self._behind_since = now
-        self._behind_turns += 1
-        if self._behind_turns >= self.config.router_rebind_turns \
-                and now - self._behind_since >= self.config.router_rebind_after_s:
-            self._behind_since, self._behind_turns = None, 0
-            self._rebind(now)
-
-    def _rebind(self, now: float) -> None:
-        """Close the ROUTER with whatever libzmq queued for it and listen afresh on the same
-        address. Every inbound control connection goes: peers' DEALERs re-dial by themselves
-        (``reconnect_ivl_ms``), a client waiting for a reply gets none (the reply fails, counted)."""
-        self.poller.unregister(self.router)
-        self.router.close(linger=0)
-        self.router = self._router_socket()
-        self.poller.register(self.router, zmq.POLLIN)
-        self._unbound = True
-        self._bind_router()
-        self.router_rebinds += 1
-        self._flooded(f"control messages arrived faster than they could be read for "
-                      f"{self.config.router_rebind_after_s} s: listening afresh, every inbound control "
-                      f"connection dropped ({self.router_rebinds} times so far)", now)
-
-    def _bind_router(self) -> None:
-        """Bind the new ROUTER; until the old one's listener is gone (libzmq closes it in its
-        own threads, usually within a millisecond) the address is in use: try on the next turn."""
-        try:
-            self.router.bind(to_endpoint(self._listen))
-        except zmq.ZMQError:
-            return
-        self._unbound = False
-
-    def _flooded(self, what: str, now: float) -> None:
-        if now >= self._next_flood_log:  # a line every DROP_LOG_EVERY_S at most; the counters say the rest
-            self._next_flood_log = now + DROP_LOG_EVERY_S
-            event("control_flood", what, logging.WARNING, router_rebinds=self.router_rebinds,
-                  dealers_flooded=self.dealers_flooded)
-
-    def _drain_router(self, out: list[Incoming]) -> tuple[int, int]:
-        """Read the ROUTER until it is empty (or ``recv_drain_max`` reads): at most
-        ``recv_budget`` messages per connection come out, the rest are dropped unopened.
-        Returns the messages read and those dropped."""
-        taken: Counter = Counter()
-        dropped = read = 0
-        for read in range(1, self.config.recv_drain_max + 1):
-            try:
-                identity = self.router.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return read - 1, dropped
-            if taken[identity] < self.config.recv_budget:
-                taken[identity] += 1
-                out.append(self._receive_one(identity))
-            else:
-                self._skip_rest(self.router)
-                dropped += 1
-        return read, dropped
-
-    def _drain(self, sock: zmq.Socket) -> int:
-        """Drop whatever arrived on an outgoing DEALER (a peer never answers on it)."""
-        dropped = 0
-        for _ in range(self.config.recv_drain_max):
-            try:
-                self.bytes_received += len(sock.recv(zmq.NOBLOCK, copy=False))
-            except zmq.Again:
-                break
-            self._skip_rest(sock)
-            dropped += 1
-        return dropped
-
-    def _skip_rest(self, sock: zmq.Socket) -> None:
-        while sock.getsockopt(zmq.RCVMORE):
-            self.bytes_received += len(sock.recv(copy=False))
-
-    def _dropped(self, n: int, now: float) -> None:
-        self.recv_drops += n
-        if now >= self._next_drop_log:  # a flood logs a line every DROP_LOG_EVERY_S; the counter says the rest
-            self._next_drop_log = now + DROP_LOG_EVERY_S
-            event("recv_dropped", f"dropped {n} control messages over the per-connection budget or on an "
-                  f"outgoing connection, {self.recv_drops} so far", logging.WARNING, dropped=n, total=self.recv_drops)
 
     def _accept(self, now: float) -> None:
         while True:
@@ -860,4 +702,4 @@ class Transport:
             stream.sock.close()
         self._in.clear()
         self.listener.close()
-        self.router.close(linger=0)
+        self.control.close()
