@@ -30,7 +30,9 @@ def cli_status(addr, *extra, timeout="2"):
 
 def test_members_with_the_key_train_and_outsiders_with_another_key_or_none_cannot_join(tmp_path):
     ours, theirs = key_file(tmp_path / "swarm.key"), key_file(tmp_path / "other.key")
-    members = LocalSwarm(3, tmp_path / "members", FAST + ["--join-timeout", "60"], swarm_key=ours,
+    # The members sleep 7/8 of each step (``--slowdown``): the outsiders' start-ups (torch, ~5
+    # CPU-s each) would otherwise share two cores with three members training flat out (~45 s).
+    members = LocalSwarm(3, tmp_path / "members", FAST + ["--join-timeout", "60", "--slowdown", "8"], swarm_key=ours,
                          per_peer_args=[["--shard", f"{i}/3"] for i in range(3)])
     outsiders = [LocalSwarm(1, tmp_path / name, FAST + ["--join-timeout", "5"], swarm_key=key)
                  for name, key in (("other_key", theirs), ("no_key", None))]
