@@ -251,3 +251,13 @@ def test_a_flood_the_drain_cannot_keep_up_with_makes_the_node_listen_afresh_and_
         node.wait()
     assert got["rebinds"] >= 1 and got["recv_drops"] >= enough, got
     assert got["peak_rss_mb"] < 180, got
+
+
+def test_p2p_status_shows_a_flood_only_when_there_was_one():
+    from p2p.cli.status_view import flood_line
+
+    assert flood_line({"recv_drops": 0, "router_rebinds": 0, "dealers_flooded": 0}) == ""
+    assert flood_line({}) == ""  # an older node's status has none of them
+    line = flood_line({"recv_drops": 1871, "router_rebinds": 2, "dealers_flooded": 1})
+    assert line == ("control flood: 1871 messages dropped over the per-connection budget, listened afresh 2 times, "
+                    "1 outgoing connections closed")

@@ -19,7 +19,8 @@ def render_status(info: dict, console: Console | None = None) -> None:
     consensus = info.get("consensus")
     if consensus is not None:
         console.print(f"consensus estimate {consensus:.3g} (relative distance to partners' models)")
-    for line in (_robust_line(info), _inner_steps_line(info), _scatter_line(info), _repair_line(info)):
+    for line in (flood_line(info), _robust_line(info), _inner_steps_line(info), _scatter_line(info),
+                 _repair_line(info)):
         if line:
             console.print(line)
     line = _sync_line(info.get("sync") or {})
@@ -42,6 +43,16 @@ def render_status(info: dict, console: Console | None = None) -> None:
         for peer, row in bw["links"].items():
             links.add_row(peer, str(row["throughput_mbit_s"]), str(row["exchange_ms"]), str(row["samples"]))
         console.print(links)
+
+
+def flood_line(info: dict) -> str:
+    """What the control port dropped to keep its memory bounded (p2p/net/control_port.py), or ""
+    when nothing was: an operator should see that someone floods this node."""
+    drops, rebinds, dealers = (info.get(k, 0) for k in ("recv_drops", "router_rebinds", "dealers_flooded"))
+    if not (drops or rebinds or dealers):
+        return ""
+    return (f"control flood: {drops} messages dropped over the per-connection budget, listened afresh "
+            f"{rebinds} times, {dealers} outgoing connections closed")
 
 
 def repair_summary(avg: dict) -> str:
