@@ -27,6 +27,11 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # p2p, and bench as a package for the child
+
+from p2p.harness.zmtp import PING, frame, hello  # noqa: E402
 
 NODE = """
 import json, sys, time
@@ -52,17 +57,6 @@ attack(int(sys.argv[1]), float(sys.argv[2]))
 """
 
 
-def _frame(body: bytes, command: bool = False) -> bytes:
-    return bytes([0x04 if command else 0x00, len(body)]) + body
-
-
-def _hello(socket_type: bytes) -> bytes:
-    """ZMTP 3.1 greeting (NULL mechanism) and READY (as tests/test_transport_no_pause.py)."""
-    greeting = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x01" + b"NULL".ljust(20, b"\x00") + b"\x00" + bytes(31)
-    ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", len(socket_type)) + socket_type
-    return greeting + _frame(ready, command=True)
-
-
 def _read(sock: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
@@ -75,10 +69,10 @@ def _read(sock: socket.socket, n: int) -> bytes:
 
 def _flood_then_reset(sock: socket.socket, socket_type: bytes, seconds: float) -> bool:
     """Greet, send messages each with a PING for ``seconds``, reset; False if the node closed first."""
-    chunk = (_frame(b"m" * 20) + _frame(b"\x04PING\x00\x00", command=True)) * 5000
+    chunk = (frame(b"m" * 20) + PING) * 5000
     try:
         sock.settimeout(2.0)
-        sock.sendall(_hello(socket_type))
+        sock.sendall(hello(socket_type))
         _read(sock, 64)  # its greeting, then its READY
         flags, size = _read(sock, 2)
         _read(sock, size if not flags & 0x02 else int.from_bytes(bytes([size]) + _read(sock, 7), "big"))

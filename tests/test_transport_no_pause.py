@@ -17,6 +17,7 @@ import sys
 
 import zmq
 
+from p2p.harness.zmtp import PING, frame, hello
 from p2p.net.ports import free_ports
 from p2p.net.transport import Transport, TransportConfig
 from tests.conftest import wait_until
@@ -39,17 +40,6 @@ t.close()
 """
 
 MESSAGES = 3000  # more than any receive limit the sockets had (32 on the ROUTER, 1000 on the DEALERs)
-
-
-def _frame(body: bytes, command: bool = False) -> bytes:
-    return bytes([0x04 if command else 0x00, len(body)]) + body
-
-
-def _hello(socket_type: bytes) -> bytes:
-    """ZMTP 3.1 greeting (NULL mechanism) and READY."""
-    greeting = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x01" + b"NULL".ljust(20, b"\x00") + b"\x00" + bytes(31)
-    ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", len(socket_type)) + socket_type
-    return greeting + _frame(ready, command=True)
 
 
 def _unread(sock: socket.socket) -> int:
@@ -76,15 +66,15 @@ def _flood(sock: socket.socket, socket_type: bytes, old_limit: int, messages: in
            reset: bool = True) -> None:
     """Messages, each followed by a PING; then a reset once libzmq has read past ``old_limit``
     of them (with that receive limit it has stopped reading there, PINGs left in its buffer)."""
-    message, ping = _frame(b"m" * 20), _frame(b"\x04PING\x00\x00", command=True)
+    message = frame(b"m" * 20)
     sock.settimeout(5.0)
-    sock.sendall(_hello(socket_type))
+    sock.sendall(hello(socket_type))
     _read(sock, 64)  # its greeting, then its READY: from now on frames are messages
     flags, size = _read(sock, 2)
     _read(sock, size if not flags & 0x02 else int.from_bytes(bytes([size]) + _read(sock, 7), "big"))
-    data = (message + ping) * messages
+    data = (message + PING) * messages
     sock.sendall(data)
-    past = len(data) - (old_limit + 2) * len(message + ping)
+    past = len(data) - (old_limit + 2) * len(message + PING)
     wait_until(lambda: _unread(sock) < past, 5.0, interval_s=0.01, what="libzmq to read the flood")
     if not reset:
         return
@@ -123,21 +113,27 @@ def test_a_flood_with_pings_then_a_reset_on_the_control_port_does_not_abort_the_
     assert got["delivered"] + got["recv_drops"] <= MESSAGES, got
 
 
-def test_a_listener_that_floods_the_node_s_outgoing_connection_then_resets_it_does_not_abort_it():
-    """The DEALER the node dials a peer with: nothing reads it, so with a receive limit a flood
-    paused it, the reset marked it broken, and its own next heartbeat PING aborted the node
-    (the node dials whatever address a message names as its sender: any host can be the peer)."""
+def _flood_the_node_s_dealer(**flood) -> dict:
+    """A node dials our listener (its outgoing DEALER); we flood that connection (``_flood``)
+    and return what the node counted."""
     (port,) = free_ports(1)
     listener = socket.create_server(("127.0.0.1", 0))
     node = _node(port, f"127.0.0.1:{listener.getsockname()[1]}")
     try:
         listener.settimeout(5.0)
         conn, _ = listener.accept()
-        _flood(conn, b"ROUTER", old_limit=1000)
-        got = _finish(node)
+        _flood(conn, b"ROUTER", **flood)
+        return _finish(node)
     finally:
         node.kill()
         listener.close()
+
+
+def test_a_listener_that_floods_the_node_s_outgoing_connection_then_resets_it_does_not_abort_it():
+    """The DEALER the node dials a peer with: nothing reads it, so with a receive limit a flood
+    paused it, the reset marked it broken, and its own next heartbeat PING aborted the node
+    (the node dials whatever address a message names as its sender: any host can be the peer)."""
+    got = _flood_the_node_s_dealer(old_limit=1000)
     assert 1000 < got["recv_drops"] <= MESSAGES and got["delivered"] == 0, got
     assert got["dealers_flooded"] == 0, got  # (fewer than a sweep reads: nothing to close)
 
@@ -146,17 +142,7 @@ def test_a_listener_that_sends_more_than_a_sweep_reads_has_the_node_close_that_c
     """Whatever a listener sends on the node's outgoing DEALER is read and dropped; more than one
     sweep's reads (``recv_drain_max``) could keep coming faster than that, so the node closes
     the connection (the next send dials anew) rather than let libzmq queue it."""
-    (port,) = free_ports(1)
-    listener = socket.create_server(("127.0.0.1", 0))
-    node = _node(port, f"127.0.0.1:{listener.getsockname()[1]}")
-    try:
-        listener.settimeout(5.0)
-        conn, _ = listener.accept()
-        _flood(conn, b"ROUTER", old_limit=TransportConfig().recv_drain_max, messages=3 * MESSAGES, reset=False)
-        got = _finish(node)
-    finally:
-        node.kill()
-        listener.close()
+    got = _flood_the_node_s_dealer(old_limit=TransportConfig().recv_drain_max, messages=3 * MESSAGES, reset=False)
     # One sweep's worth read, then closed: the rest (~4900) libzmq held were never read.
     assert got["dealers_flooded"] == 1 and got["recv_drops"] == TransportConfig().recv_drain_max, got
 

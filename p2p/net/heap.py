@@ -3,7 +3,7 @@
 Why: a flood (a fuzzer, an outsider hammering a node) has the node's threads allocate and free
 a great many buffers: hostile messages on the network thread, and in ZeroMQ's I/O thread every
 message it takes off a connection (those queued unread while the node is busy: whatever
-arrives between two of the network thread's turns, p2p/net/transport.py). glibc keeps freed memory in its heaps,
+arrives between two of the network thread's turns, p2p/net/control_port.py). glibc keeps freed memory in its heaps,
 resident, fragmented by the few allocations that stay, so the node's RSS grows with the flood
 though nothing is alive (bench/fuzz_node.py, an open node at load 25: +13.9% RSS, 50 MB of it
 free in two threads' heaps). ``malloc_trim(0)`` returns the free pages inside every heap (not
