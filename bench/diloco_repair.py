@@ -28,7 +28,8 @@ Definitions:
 - steps/s: each peer's steps over sliding ``--window``-second windows (from its JSON progress
   lines); the floor is the lowest window ratio against the peer's own steady-state rate
   (``vs_steady``) and against compute-only's mean rate (``vs_compute_only``), over the
-  windows that end after the restore, and separately over those inside the cut.
+  windows that end after the restore, and separately over those inside the cut. Compute-only's
+  own floor (its lowest window over its mean) is the machine's noise, for comparison.
 
     python bench/diloco_repair.py [--rate 20mbit] [--peers 4] [--h 25] [--pre 15] [--post 25]
         [--cut-rounds 2] [--settle 5] [--task nodes.wide:WideTask] [--compression int4|sparseloco]
@@ -128,8 +129,10 @@ def window_rates(lines: list[tuple[float, int, dict]], window: float, start: flo
     return out
 
 
-def compute_only_rate(lab: Lab, task: str, seconds: float, log_dir: Path) -> float:
-    """Mean steps/s of the peers training alone (bench/compute_only.py, one per namespace)."""
+def compute_only_rate(lab: Lab, task: str, seconds: float, log_dir: Path, window: float) -> tuple[float, float]:
+    """Mean steps/s of the peers training alone (bench/compute_only.py, one per namespace), and
+    their own floor: the lowest ``window``-second window over that peer's mean, the lowest over
+    the peers (the machine's noise: a p2p floor near it is not the protocol's)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     procs = []
     for i in range(lab.peers):
@@ -146,13 +149,17 @@ def compute_only_rate(lab: Lab, task: str, seconds: float, log_dir: Path) -> flo
         p.terminate()
     for p in procs:
         p.wait(15)
-    rates = []
+    rates, floors = [], []
     for i in range(lab.peers):
         recs = [r for r in _common.read_jsonl(log_dir / f"compute{i}.log") if "step" in r]
         recs = recs[1:]  # the first evaluation comes after start-up
         if len(recs) >= 2 and recs[-1]["t"] > recs[0]["t"]:
-            rates.append((recs[-1]["step"] - recs[0]["step"]) / (recs[-1]["t"] - recs[0]["t"]))
-    return statistics.mean(rates) if rates else float("nan")
+            rate = (recs[-1]["step"] - recs[0]["step"]) / (recs[-1]["t"] - recs[0]["t"])
+            rates.append(rate)
+            windows = window_rates([(r["t"], r["step"], {}) for r in recs], window, recs[0]["t"], recs[-1]["t"])
+            if windows:
+                floors.append(min(v for _, v in windows) / rate)
+    return (statistics.mean(rates) if rates else float("nan")), (min(floors) if floors else float("nan"))
 
 
 def run_cut(lab: Lab, log_dir: Path, task: str = "nodes.wide:WideTask", h: int = 25, pre_s: float = 15.0,
@@ -290,10 +297,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="diloco_repair_"))
     try:
         with Lab(args.peers, args.rate, prefix=args.prefix, subnet=args.subnet) as lab:
-            compute = None
+            compute = compute_floor = None
             if args.compute_only:
                 log(f"compute-only: {args.peers} peers alone for {args.pre:.0f}s ...")
-                compute = compute_only_rate(lab, args.task, args.pre, log_dir)
+                compute, compute_floor = compute_only_rate(lab, args.task, args.pre, log_dir, args.window)
             log(f"p2p diloco {args.compression} H={args.h} at {args.rate}, cut peer {args.peers - 1} for {args.cut_rounds} rounds ...")
             result = run_cut(lab, log_dir, args.task, args.h, args.pre, args.post, args.cut_rounds, args.window,
                              args.settle, args.compression, extra=("--diloco-overlap",) if args.overlap else ())
@@ -301,6 +308,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"diloco_repair: {exc}", file=sys.stderr)
         return 1
     result["compute_only_steps_per_s"] = None if compute is None else round(compute, 2)
+    result["compute_only_floor_vs_own_mean"] = None if compute_floor is None else round(compute_floor, 3)
     result["rate"], result["compression"], result["logs"] = args.rate, args.compression, str(log_dir)
     ratios(result, compute)
     if args.json:
@@ -309,7 +317,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"rate {args.rate}, {args.peers} peers, H={args.h}, round {result['round_s']}s, link of peer "
           f"{args.peers - 1} cut {result['cut_s']}s; {args.compression} level {result['codec_level_mb']:.2f} MB/round "
           f"(swarm); back at it {result['rounds_to_codec_level']} round(s) after the restore; compute-only "
-          f"{result['compute_only_steps_per_s']} steps/s per peer")
+          f"{result['compute_only_steps_per_s']} steps/s per peer, its own lowest {args.window:.0f}-s window "
+          f"{result['compute_only_floor_vs_own_mean']}x its mean (the machine's noise)")
     print("round   t(s)   len(s)  swarm MB  phase")
     for r in result["rounds"]:
         print(f"{r['round']:5d} {r['t']:7.1f} {r['s']:7.2f} {r['mb']:9.2f}  {r['phase']}")
