@@ -15,7 +15,7 @@ from p2p.averaging.outer_copies import sketch_positions
 from p2p.averaging.outer_schedule import H_MAX, H_MIN, InnerSchedule, agreed, rung, wanted
 from p2p.cli.status_view import inner_steps_summary
 from p2p.protocol import RemoteProtocolError
-from p2p.sim.avg_config import AvgSimConfig, sim_algorithm_options, sim_averaging_config
+from p2p.sim.avg_config import AvgSimConfig, sim_algorithm_options, sim_averaging_config, sim_membership_config
 from p2p.sim.avg_port import ArrayPort
 from p2p.sim.avg_sim import AvgSimulation
 from p2p.sim.churn import Churn
@@ -26,6 +26,14 @@ from tests.test_checkpoints import CFG, through_a_checkpoint
 # (24 steps of 50 ms) at 0.05 Mbit/s and ~0.03 s (under one step) at 2 Mbit/s.
 SLOW, FAST = 0.05e6, 2e6
 COMPUTE_S = 0.05
+# The simulator's uplink is one FIFO per peer (p2p/sim/network.py): at SLOW a membership probe
+# waits behind ~1.2 s of round shares, three times the scaled suspicion timeout (4 periods of
+# 0.1 s). With it, every 256-step run declared live peers dead 44-69 times: rounds went partial,
+# repairs lost their donors, and in 4 seeds of 8 the copies of theta_start never agreed (ended
+# 0.19-1.94x the initial consensus distance apart; the seed this test used passed by luck). The
+# real transport sends probes on their own connection, not behind a model (p2p/net/transport.py).
+# PATIENT: suspicion waits 4 s, past that queue: no peer is declared dead, every seed agrees.
+PATIENT = sim_membership_config(COMPUTE_S, suspicion_mult=40)
 
 
 def test_every_proposal_is_read_as_a_rung_and_a_hostile_minority_moves_nothing():
@@ -66,21 +74,22 @@ class VaryingLink(AvgSimulation):
         super()._sample()
 
 
-def simulate(bps, steps=256, changes=(), **kw):
+def simulate(bps, steps=256, changes=(), seed=1, **kw):
     options = sim_algorithm_options("diloco", inner_steps="auto")
-    cfg = AvgSimConfig("diloco", "full", 4, steps, 1, bandwidth_bps=bps, dim=300, compute_s=COMPUTE_S,
+    cfg = AvgSimConfig("diloco", "full", 4, steps, seed, bandwidth_bps=bps, dim=300, compute_s=COMPUTE_S,
                        options=options, lr_decay_steps=100,
                        config=sim_averaging_config(COMPUTE_S, "diloco", options, round_timeout_s=30.0), **kw)
     return VaryingLink(cfg, changes).run()
 
 
-def test_a_slow_link_gets_a_larger_h_and_every_peer_the_same_boundaries(monkeypatch):
+@pytest.mark.parametrize("seed", range(4))  # 0 and 2 ended apart with the scaled membership (PATIENT)
+def test_a_slow_link_gets_a_larger_h_and_every_peer_the_same_boundaries(monkeypatch, seed):
     chosen = {}
     for name, bps in (("slow", SLOW), ("fast", FAST)):
         seen = Boundaries(monkeypatch)
-        r = simulate(bps)
-        assert set(r.steps.values()) == {256} and not r.rejected
-        assert r.final_consensus / r.initial_consensus <= 0.01
+        r = simulate(bps, seed=seed, membership=PATIENT)
+        assert set(r.steps.values()) == {256} and not r.rejected and not r.false_positives
+        assert r.final_consensus / r.initial_consensus <= 0.01  # the copies of theta_start agree at the end
         # the first boundaries run at H_MIN, before anything was measured; from step 64 on
         # (one top-of-ramp period) every peer put its boundaries on the same steps
         steps = seen.steps(after=64)
