@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from p2p.averaging.base import AveragingConfig
-from p2p.averaging.diloco import DiLoCo, DiLoCoConfig
+from p2p.averaging.diloco import DiLoCo, DiLoCoConfig, OuterDone, OuterShare
 from p2p.averaging.dpsgd import Dpsgd
 from p2p.averaging.rounds import LEAD
 from p2p.averaging.sgp import PushSum, SGPConfig
@@ -138,7 +138,8 @@ def test_diloco_finished_peer_serves_outer_rounds_and_start_copies_agree():
         deliver(b, sends, "a", 0.0, ["a"])
         assert b.busy() and b.topology_round() == outer
         answer = b.tick(0.0, ["a"])
-        assert [s.msg.round for s in answer] == [outer]
+        # its share of the round, then (the round complete, its outer step taken) its final sketch
+        assert [(type(s.msg), s.msg.round) for s in answer] == [(OuterShare, outer), (OuterDone, outer + 1)]
         deliver(a, answer, "b", 0.0, ["b"])
         assert a.may_step(2 * outer + 3, 0.0) and not b.busy()
         np.testing.assert_allclose(a.outer_parameters, b.outer_parameters)

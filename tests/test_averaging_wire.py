@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import p2p.averaging.registry  # noqa: F401  (registers every algorithm's messages)
-from p2p.averaging.diloco import OuterShare
+from p2p.averaging.diloco import OuterDone, OuterShare
 from p2p.averaging.outer_catchup import CatchUpMissing, CatchUpRange, CatchUpRequest
 from p2p.averaging.outer_repair import RepairChunk, RepairRequest
 from p2p.averaging.round_deadline import RoundReceipt
@@ -32,12 +32,13 @@ SAMPLES = [
     OuterShare(round=6, step=600, degree=7, model_key="synthetic/12", params=PARAMS, delta=PARAMS / 3,
                sketch=PARAMS[:4], momentum=PARAMS / 5, inner_steps=64),
     RepairChunk(round=6, offset=12, model_key="synthetic/12", data=PARAMS.astype(np.float16)),
+    OuterDone(round=7, step=700, model_key="synthetic/12", sketch=PARAMS[:4], mixed=("a:1", "b:2")),
 ]
 
 AVERAGING_TAGS = {20: "AvgRequest", 21: "AvgReply", 22: "PushSumShare", 23: "ElasticRequest",
                   24: "ElasticReply", 25: "DpsgdParams", 26: "GradientShare", 27: "GradientModelShare",
                   28: "OuterShare", 29: "RepairRequest", 30: "RepairChunk", 31: "CatchUpRequest",
-                  32: "CatchUpMissing", 33: "CatchUpRange", 34: "RoundReceipt"}
+                  32: "CatchUpMissing", 33: "CatchUpRange", 34: "RoundReceipt", 35: "OuterDone"}
 
 
 def test_averaging_tags_are_pinned_and_inside_their_range():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from p2p.averaging.base import AveragingConfig
-from p2p.averaging.diloco import DiLoCo, DiLoCoConfig, OuterShare, OuterShareQ
+from p2p.averaging.diloco import DiLoCo, DiLoCoConfig, OuterDone, OuterShare, OuterShareQ
 from p2p.averaging.outer_copies import SKETCH_SIZE, sketch_positions, sketches_differ
 from p2p.averaging.registry import check_combination
 from p2p.averaging.rounds import NeighbourRounds
@@ -244,6 +244,7 @@ def test_a_finished_sparseloco_peer_serves_exact_zero_deltas_and_keeps_its_resid
     for s in alg.after_step(port1.step, 5.0, ["p0"]):
         done.receive("p1", decode(encode(s.msg, "p1"))[1], 5.0, ["p1"])
     served = done.tick(5.0, ["p1"])
-    assert [type(s.msg) for s in served] == [OuterShareQ] and done.stats["rounds_served"] == 1
+    # the served share, then (the round complete, its outer step taken) the final sketch again
+    assert [type(s.msg) for s in served] == [OuterShareQ, OuterDone] and done.stats["rounds_served"] == 1
     assert not decompress(served[0].msg.payload(), N).any()
     np.testing.assert_array_equal(done.state_dict()["residual"], residual)

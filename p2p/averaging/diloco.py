@@ -69,6 +69,20 @@ outer step like everyone else. So the peers still training never wait a round ti
 and its theta_start copy keeps following theta_start: the swarm ends in agreement. A zero Delta
 dilutes the average pseudo-gradient by the share of finished peers (the outer step of a swarm
 where only some still train is that much shorter). Finished peers never begin a round.
+So no round compares the copies that the LAST round left: a copy apart at the end (a share of
+the last round lost, or late for one peer's deadline; copies apart before the end whose repair
+had not landed) stayed apart for good. Seen in the simulator (tests/test_diloco_end.py: 4 peers
+at 0.05 Mbit/s, 2% message loss): 3 seeds of 8 ended with a copy apart by 0.33-0.84x the
+initial consensus distance, 2 of them still after a 10 s linger (one checked: still after 60 s).
+So a finished peer sends its final
+sketch (``OuterDone``: its round count, step, sketch and the set its last round averaged) to
+its neighbours when it finishes, after every outer step or correction it takes since, and
+again now and then (doubling from ``MIN_ROUND_TIMEOUT_S`` to ``FINAL_EVERY_MAX_S``: one lost
+is sent again). Once a finished peer holds the final sketch of every neighbour, and those of
+its own round are most of the swarm, they are compared as a round's sketches are
+(outer_copies.py): outside the reference group it mends its copy, by a replay from the Deltas
+it kept or a pull, as after any round.
+Only with one gossip round per outer step (``full``): on sparse graphs the copies differ by design.
 
 Compression (``compression`` = fp16, bf16, int8, int4 or sparseloco; p2p/compression), after
 the compressed pseudo-gradients of Douillard et al., "Streaming DiLoCo", arXiv:2501.18512, 2025,
@@ -174,6 +188,7 @@ ROUND_SLACK = 3.0  # a round waits at most this many times its usual wait (modul
 MIN_ROUND_TIMEOUT_S = 2.0
 WAIT_EWMA_ALPHA = 0.2
 MAX_MIXED = 4096  # senders a share's ``mixed`` list may name
+FINAL_EVERY_MAX_S = 60.0  # a finished peer sends its final sketch again at most this far apart
 
 
 @dataclass(frozen=True)
@@ -245,6 +260,18 @@ class OuterShareQ(CompressedFields):
     inner_steps: int = 0  # as OuterShare.inner_steps
 
 
+@message(35)
+@dataclass(frozen=True)
+class OuterDone:
+    """A finished peer's final sketch (module docstring, "Finished peers")."""
+
+    round: int  # the sender's round count: its sketch is of theta_start after round - 1
+    step: int  # its last step
+    model_key: str
+    sketch: np.ndarray  # its theta_start at sketch_positions
+    mixed: tuple = ()  # whose Deltas its last round averaged (as OuterShare.mixed)
+
+
 def _received_state(msg, port: ModelPort):
     """A peer's (theta_start, momentum), or (None, None) when it left them out (empty)."""
     if msg.params.size == 0 and msg.momentum.size == 0:
@@ -265,7 +292,7 @@ class DiLoCo(AsynchronousHooks):
 
     name = "diloco"
     natural_topology = "full"
-    MESSAGES = (OuterShare, OuterShareQ, OuterSlice, OuterGather, *outer_mending.MESSAGES)
+    MESSAGES = (OuterShare, OuterShareQ, OuterSlice, OuterGather, OuterDone, *outer_mending.MESSAGES)
     CODECS = CODECS
     Config = DiLoCoConfig
     default_round_timeout_s = 20.0  # its rounds move whole models once per H steps (12 MB at 20 Mbit/s: 5 s)
@@ -339,6 +366,11 @@ class DiLoCo(AsynchronousHooks):
         self._continue_at = math.inf  # when tick() begins the next gossip round
         self._done = False  # the trainer finished: answer the neighbours' outer rounds
         self._serving: int | None = None  # the round a finished peer begins at its next tick
+        # Finished: the neighbours' final sketches, sender -> (round, sketch, step, mixed), and
+        # when ours goes out next (-inf: now, it changed) and the wait after that (docstring).
+        self._finals: dict[str, tuple[int, np.ndarray, int, tuple]] = {}
+        self._final_at, self._final_every = math.inf, MIN_ROUND_TIMEOUT_S
+        self._finals_new = False  # a final sketch came, or ours changed, since the last comparison
         self.stats["rounds_served"] = 0
         # Where the outer boundaries are, H fixed or chosen from the link (outer_schedule.py):
         # the (proposal, boundary step) of the neighbours' shares per round, and ours in the
@@ -418,7 +450,8 @@ class DiLoCo(AsynchronousHooks):
         if self._outbox or (landed and not self._syncing):
             return -math.inf  # chunks to send, a pulled state to apply: tick does it now
         scatter = math.inf if self._scatter is None else self._scatter.deadline
-        return min(self._rounds.wake_at, self._continue_at, scatter, self._mend.next_deadline())
+        final = self._final_at if self._done and not self._syncing else math.inf
+        return min(self._rounds.wake_at, self._continue_at, scatter, self._mend.next_deadline(), final)
 
     @property
     def outer_parameters(self) -> np.ndarray:
@@ -429,7 +462,63 @@ class DiLoCo(AsynchronousHooks):
         neighbours' outer rounds (module docstring, "Finished peers")."""
         self._done = True
         self._rounds.serving = True
+        self._final_changed()
         self._serve(now)
+
+    def _final_changed(self, new_round: bool = True) -> None:
+        """Finished, our theta_start moved (or we just finished): our final sketch goes out now.
+        ``new_round``: compare with the neighbours' finals of our new round; not after a
+        correction (the finals that decided it would only decide it again)."""
+        if self._done and not self._params_every_round:  # sparse graphs: copies never equal by design
+            self._final_at, self._final_every = -math.inf, MIN_ROUND_TIMEOUT_S
+            self._finals_new = self._finals_new or new_round
+
+    def _send_final(self, now: float, neighbours: Sequence[str]) -> list[Send]:
+        """Our final sketch to every neighbour, when it changed and again now and then."""
+        if not self._done or self._syncing or now < self._final_at or self._final_at == math.inf:
+            return []
+        if self._final_at > -math.inf:
+            self._final_every = min(FINAL_EVERY_MAX_S, 2 * self._final_every)
+        self._final_at = now + self._final_every
+        msg = OuterDone(self._rounds.round, self.port.step, self.port.model_key, self._start[self._positions],
+                        self._watch.mixed_last)
+        return [Send(j, msg) for j in neighbours]
+
+    def _final_in(self, src: str, msg: OuterDone, now: float, neighbours: Sequence[str]) -> None:
+        if msg.model_key != self.port.model_key:
+            raise RemoteProtocolError("wrong_model", f"peer trains {msg.model_key!r}, we train {self.port.model_key!r}")
+        _check_sketch(msg.sketch, self._positions)
+        if len(msg.mixed) > MAX_MIXED or not all(isinstance(s, str) for s in msg.mixed):
+            raise RemoteProtocolError("bad_value", f"mixed: {len(msg.mixed)} entries, want at most {MAX_MIXED} addresses")
+        if msg.round < 0 or msg.step < 0:
+            raise RemoteProtocolError("bad_value", f"final round {msg.round}, step {msg.step}")
+        if src not in self._finals and len(self._finals) >= MAX_MIXED:
+            return
+        self._finals[src] = (msg.round, msg.sketch.copy(), msg.step, msg.mixed)  # off the receive buffer
+        self._finals_new = True
+        self._compare_finals(now, neighbours)
+
+    def _compare_finals(self, now: float, neighbours: Sequence[str]) -> None:
+        """Finished, with every neighbour's final sketch: compare those of our round as a round's
+        sketches, and mend our copy if it is outside the reference group (module docstring)."""
+        if not self._finals_new or not self._done or self._syncing or self._mend.in_flight or self._mend.landed \
+                or self._watch.replay is not None or not neighbours:
+            return
+        self._finals = {j: f for j, f in self._finals.items() if j in neighbours}
+        r, swarm = self._rounds.round, len(set(neighbours)) + 1
+        ours = {j: f for j, f in self._finals.items() if f[0] == r}
+        # Every neighbour heard from (one still training, or a final on the way: a part could
+        # pick another group), and most of us at our round (the others' finals of an earlier
+        # round, before a round served since, are not copies to compare with ours).
+        if len(self._finals) < swarm - 1 or 2 * (len(ours) + 1) <= swarm:
+            return
+        self._finals_new = False
+        for j, (_, sketch, step, mixed) in ours.items():
+            self._watch.share_received(r, j, sketch, step, mixed, (r,))
+        self._watch.round_finished(r, frozenset(), self._start[self._positions], self.port.step, decide=True)
+        if self._watch.pull_from is not None:
+            donor, self._watch.pull_from = self._watch.pull_from, None
+            self._mend.begin(donor, r, (self._start, self._momentum), now, len(neighbours) + 1, self._round_timeout())
 
     def _serve(self, now: float) -> None:
         """A finished peer joins the oldest round a neighbour began that it has not."""
@@ -653,6 +742,7 @@ class DiLoCo(AsynchronousHooks):
         if self._watch.pull_from is not None:  # a catch-up or a pull (outer_mending.py)
             donor, self._watch.pull_from = self._watch.pull_from, None
             self._mend.begin(donor, self._rounds.round, state, now, len(self._wait_for) + 1, self._round_timeout())
+        self._final_changed()
         self._serve(now)  # finished: a neighbour may have begun the next round already
 
     def _apply_repair(self) -> None:
@@ -676,6 +766,7 @@ class DiLoCo(AsynchronousHooks):
         self._momentum = self._momentum + d_momentum
         self.port.add_delta(d_start)  # the model keeps its inner progress on the new theta_start
         self._watch.repaired(self._rounds.round)
+        self._final_changed(new_round=False)
 
     # -- step hooks ---------------------------------------------------------------------------
     def gate_wanted(self, step: int) -> bool:
@@ -735,6 +826,9 @@ class DiLoCo(AsynchronousHooks):
     def receive(self, src: str, msg: object, now: float, neighbours: Sequence[str]) -> list[Send]:
         if isinstance(msg, outer_mending.MESSAGES):
             return self._mend.receive(src, msg, now, self._rounds.round, (self._start, self._momentum))
+        if isinstance(msg, OuterDone):
+            self._final_in(src, msg, now, neighbours)
+            return []
         if isinstance(msg, (OuterSlice, OuterGather)) == (self._scatter is None):
             raise RemoteProtocolError("unexpected", f"{type(msg).__name__}: this peer runs diloco "
                                                     f"{'with' if self._scatter else 'without'} --diloco-reduce-scatter")
@@ -789,4 +883,6 @@ class DiLoCo(AsynchronousHooks):
             else:
                 self._poll(now)
         sends += self._mend.tick(now)
+        sends += self._send_final(now, neighbours)
+        self._compare_finals(now, neighbours)  # ours changed, or a repair ended: compare again
         return sends

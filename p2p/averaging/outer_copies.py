@@ -124,8 +124,12 @@ class CopyWatch:
         self._mixed_at[r] = self.mixed_last
 
     def repaired(self, current: int) -> None:
-        """A correction landed: sketches of rounds begun before ``current`` are stale."""
+        """A correction landed: sketches of rounds begun before ``current`` are stale, and the
+        last agreement no longer vouches for our copy (a replay from it would apply the same
+        difference again: a finished peer compares final sketches of one round more than once,
+        diloco.py "Finished peers")."""
         self._fresh_from = current
+        self._agreed_at = -1
 
     # -- the decision ----------------------------------------------------------------------
     def round_finished(self, r: int, refused: frozenset, sketch: np.ndarray, step: int, decide: bool) -> None:
