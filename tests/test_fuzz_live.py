@@ -69,6 +69,16 @@ def check_bounds(report, alive, honest, addrs):
     assert report.delta("bulk_connections_refused") == 0
 
 
+def unopened(report) -> int:
+    """Control messages read and dropped unopened: over a connection's budget of messages for one
+    turn (p2p/net/control_port.py): met when the network thread turns slowly (a busy machine):
+    CI saw 119 of 3,000 missing from the refusals; beside a busy loop here, one run of 4 dropped
+    30 unopened, exactly what the refusals were short. Counted, not refused; none is lost
+    uncounted, so the port never listened afresh (which drops what libzmq queued uncounted)."""
+    assert report.delta("router_rebinds") == 0, report.after.info
+    return report.delta("recv_drops")
+
+
 def test_a_fuzzed_open_node_keeps_training_counts_every_rejection_and_stays_bounded(tmp_path):
     report, alive, honest, addrs = fuzz_a_training_pair(tmp_path)
     check_bounds(report, alive, honest, addrs)
@@ -77,7 +87,8 @@ def test_a_fuzzed_open_node_keeps_training_counts_every_rejection_and_stays_boun
     # model, an unknown member), and each kind of refusal was met.
     must = sent.control_expect["reject"] + sent.bulk_expect["reject"]
     may = sent.control_expect["valid"] + sent.bulk_expect["valid"]
-    assert must <= sum(rejected.values()) <= must + may, (rejected, sent.control_expect, sent.bulk_expect)
+    dropped = unopened(report)
+    assert must - dropped <= sum(rejected.values()) <= must + may, (rejected, dropped, sent.control_expect, sent.bulk_expect)
     assert {"malformed", "version", "unknown_type", "oversized", "bad_tensor"} <= set(rejected), rejected
     assert report.delta("transfers_abandoned") >= sent.bulk_expect["abandoned"] > 0
     assert report.delta("messages_received") >= BUDGET.control + sent.bulk_expect["valid"]
@@ -90,7 +101,9 @@ def test_a_fuzzed_sealed_node_drops_and_counts_everything_unauthenticated(tmp_pa
     sent, rejected = report.sent, report.rejected()
     assert sent.control_expect["valid"] == sent.bulk_expect["valid"] == 0  # nothing forged opens
     assert {"unauthenticated", "no_key", "bad_key"} <= set(rejected), rejected
-    # Every control message, and every bulk stream that got as far as its hello, was counted.
-    assert sum(rejected.values()) == BUDGET.control + sent.bulk_expect["reject"], rejected
+    # Every control message, and every bulk stream that got as far as its hello, was counted:
+    # refused, or dropped unopened over its connection's budget for a turn.
+    must, dropped = BUDGET.control + sent.bulk_expect["reject"], unopened(report)
+    assert must - dropped <= sum(rejected.values()) <= must, (rejected, dropped)
     assert set(rejected) <= SEAL_REASONS | {"malformed"}, rejected
     assert report.after.info["security"]["key_id"] == load_key_file(key).primary_id.hex()
