@@ -69,20 +69,8 @@ outer step like everyone else. So the peers still training never wait a round ti
 and its theta_start copy keeps following theta_start: the swarm ends in agreement. A zero Delta
 dilutes the average pseudo-gradient by the share of finished peers (the outer step of a swarm
 where only some still train is that much shorter). Finished peers never begin a round.
-So no round compares the copies that the LAST round left: a copy apart at the end (a share of
-the last round lost, or late for one peer's deadline; copies apart before the end whose repair
-had not landed) stayed apart for good. Seen in the simulator (tests/test_diloco_end.py: 4 peers
-at 0.05 Mbit/s, 2% message loss): 3 seeds of 8 ended with a copy apart by 0.33-0.84x the
-initial consensus distance, 2 of them still after a 10 s linger (one checked: still after 60 s).
-So a finished peer sends its final
-sketch (``OuterDone``: its round count, step, sketch and the set its last round averaged) to
-its neighbours when it finishes, after every outer step or correction it takes since, and
-again now and then (doubling from ``MIN_ROUND_TIMEOUT_S`` to ``FINAL_EVERY_MAX_S``: one lost
-is sent again). Once a finished peer holds the final sketch of every neighbour, and those of
-its own round are most of the swarm, they are compared as a round's sketches are
-(outer_copies.py): outside the reference group it mends its copy, by a replay from the Deltas
-it kept or a pull, as after any round.
-Only with one gossip round per outer step (``full``): on sparse graphs the copies differ by design.
+The copy the last round left apart is compared after training from the neighbours' final
+sketches (p2p/averaging/outer_finals.py).
 
 Compression (``compression`` = fp16, bf16, int8, int4 or sparseloco; p2p/compression), after
 the compressed pseudo-gradients of Douillard et al., "Streaming DiLoCo", arXiv:2501.18512, 2025,
@@ -173,6 +161,7 @@ from p2p.averaging.outer_repair import propagate
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
                                state_array, state_int)
 from p2p.averaging.outer_codec import pack, received_delta
+from p2p.averaging.outer_finals import FinalSketches, OuterDone
 from p2p.averaging.robust import RobustMixing
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.bandwidth import BandwidthMonitor
@@ -188,7 +177,6 @@ ROUND_SLACK = 3.0  # a round waits at most this many times its usual wait (modul
 MIN_ROUND_TIMEOUT_S = 2.0
 WAIT_EWMA_ALPHA = 0.2
 MAX_MIXED = 4096  # senders a share's ``mixed`` list may name
-FINAL_EVERY_MAX_S = 60.0  # a finished peer sends its final sketch again at most this far apart
 
 
 @dataclass(frozen=True)
@@ -258,18 +246,6 @@ class OuterShareQ(CompressedFields):
     momentum: np.ndarray  # the outer momentum when params is sent, else empty
     mixed: tuple = ()  # as OuterShare.mixed
     inner_steps: int = 0  # as OuterShare.inner_steps
-
-
-@message(35)
-@dataclass(frozen=True)
-class OuterDone:
-    """A finished peer's final sketch (module docstring, "Finished peers")."""
-
-    round: int  # the sender's round count: its sketch is of theta_start after round - 1
-    step: int  # its last step
-    model_key: str
-    sketch: np.ndarray  # its theta_start at sketch_positions
-    mixed: tuple = ()  # whose Deltas its last round averaged (as OuterShare.mixed)
 
 
 def _received_state(msg, port: ModelPort):
@@ -366,11 +342,7 @@ class DiLoCo(AsynchronousHooks):
         self._continue_at = math.inf  # when tick() begins the next gossip round
         self._done = False  # the trainer finished: answer the neighbours' outer rounds
         self._serving: int | None = None  # the round a finished peer begins at its next tick
-        # Finished: the neighbours' final sketches, sender -> (round, sketch, step, mixed), and
-        # when ours goes out next (-inf: now, it changed) and the wait after that (docstring).
-        self._finals: dict[str, tuple[int, np.ndarray, int, tuple]] = {}
-        self._final_at, self._final_every = math.inf, MIN_ROUND_TIMEOUT_S
-        self._finals_new = False  # a final sketch came, or ours changed, since the last comparison
+        self._finals = FinalSketches(MIN_ROUND_TIMEOUT_S)  # finished: the copy the last round left (outer_finals.py)
         self.stats["rounds_served"] = 0
         # Where the outer boundaries are, H fixed or chosen from the link (outer_schedule.py):
         # the (proposal, boundary step) of the neighbours' shares per round, and ours in the
@@ -450,7 +422,7 @@ class DiLoCo(AsynchronousHooks):
         if self._outbox or (landed and not self._syncing):
             return -math.inf  # chunks to send, a pulled state to apply: tick does it now
         scatter = math.inf if self._scatter is None else self._scatter.deadline
-        final = self._final_at if self._done and not self._syncing else math.inf
+        final = self._finals.next_at if self._done and not self._syncing else math.inf
         return min(self._rounds.wake_at, self._continue_at, scatter, self._mend.next_deadline(), final)
 
     @property
@@ -466,20 +438,15 @@ class DiLoCo(AsynchronousHooks):
         self._serve(now)
 
     def _final_changed(self, new_round: bool = True) -> None:
-        """Finished, our theta_start moved (or we just finished): our final sketch goes out now.
-        ``new_round``: compare with the neighbours' finals of our new round; not after a
-        correction (the finals that decided it would only decide it again)."""
+        """Finished, our theta_start moved (or we just finished): our final sketch goes out now
+        (outer_finals.py, ``FinalSketches.changed``)."""
         if self._done and not self._params_every_round:  # sparse graphs: copies never equal by design
-            self._final_at, self._final_every = -math.inf, MIN_ROUND_TIMEOUT_S
-            self._finals_new = self._finals_new or new_round
+            self._finals.changed(new_round)
 
     def _send_final(self, now: float, neighbours: Sequence[str]) -> list[Send]:
         """Our final sketch to every neighbour, when it changed and again now and then."""
-        if not self._done or self._syncing or now < self._final_at or self._final_at == math.inf:
+        if not self._done or self._syncing or not self._finals.due(now):
             return []
-        if self._final_at > -math.inf:
-            self._final_every = min(FINAL_EVERY_MAX_S, 2 * self._final_every)
-        self._final_at = now + self._final_every
         msg = OuterDone(self._rounds.round, self.port.step, self.port.model_key, self._start[self._positions],
                         self._watch.mixed_last)
         return [Send(j, msg) for j in neighbours]
@@ -492,27 +459,19 @@ class DiLoCo(AsynchronousHooks):
             raise RemoteProtocolError("bad_value", f"mixed: {len(msg.mixed)} entries, want at most {MAX_MIXED} addresses")
         if msg.round < 0 or msg.step < 0:
             raise RemoteProtocolError("bad_value", f"final round {msg.round}, step {msg.step}")
-        if src not in self._finals and len(self._finals) >= MAX_MIXED:
-            return
-        self._finals[src] = (msg.round, msg.sketch.copy(), msg.step, msg.mixed)  # off the receive buffer
-        self._finals_new = True
+        self._finals.store(src, msg)
         self._compare_finals(now, neighbours)
 
     def _compare_finals(self, now: float, neighbours: Sequence[str]) -> None:
         """Finished, with every neighbour's final sketch: compare those of our round as a round's
-        sketches, and mend our copy if it is outside the reference group (module docstring)."""
-        if not self._finals_new or not self._done or self._syncing or self._mend.in_flight or self._mend.landed \
-                or self._watch.replay is not None or not neighbours:
+        sketches, and mend our copy if it is outside the reference group (outer_finals.py)."""
+        if not self._done or self._syncing or self._mend.in_flight or self._mend.landed \
+                or self._watch.replay is not None:
             return
-        self._finals = {j: f for j, f in self._finals.items() if j in neighbours}
-        r, swarm = self._rounds.round, len(set(neighbours)) + 1
-        ours = {j: f for j, f in self._finals.items() if f[0] == r}
-        # Every neighbour heard from (one still training, or a final on the way: a part could
-        # pick another group), and most of us at our round (the others' finals of an earlier
-        # round, before a round served since, are not copies to compare with ours).
-        if len(self._finals) < swarm - 1 or 2 * (len(ours) + 1) <= swarm:
+        r = self._rounds.round
+        ours = self._finals.comparable(r, neighbours)
+        if ours is None:
             return
-        self._finals_new = False
         for j, (_, sketch, step, mixed) in ours.items():
             self._watch.share_received(r, j, sketch, step, mixed, (r,))
         self._watch.round_finished(r, frozenset(), self._start[self._positions], self.port.step, decide=True)
