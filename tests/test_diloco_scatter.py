@@ -39,19 +39,29 @@ class Swarm:
             self.peers[a].self_addr = a
         self.bytes = dict.fromkeys(self.addrs, 0)
         self.now = 0.0
+        self.views = {}  # peer -> its neighbours, where it does not see all the others
 
     def neighbours(self, a):
-        return [b for b in self.addrs if b != a]
+        return self.views.get(a, [b for b in self.addrs if b != a])
 
-    def outer_round(self, drop=lambda src, to, msg: False):
+    def outer_round(self, drop=lambda src, to, msg: False, late=(), before_late=lambda: None):
         """Every peer takes an inner step (Delta = a random vector) and the outer round runs to
-        its end (past every deadline when messages are lost). Returns {peer: its Delta}."""
+        its end (past every deadline when messages are lost). Returns {peer: its Delta}. The
+        ``late`` peers step only after the others' messages were delivered (``before_late()``
+        runs just before they do)."""
         queue, deltas = deque(), {}
-        for a, p in self.peers.items():
-            deltas[a] = self.rng.normal(size=p.port.numel).astype(np.float32)
-            p.port.x -= deltas[a]
-            p.port.step += 1
-            self._post(a, p.after_step(p.port.step, self.now, self.neighbours(a)), queue, drop)
+        for group in ([a for a in self.addrs if a not in late], list(late)):
+            if group and group[0] in late:
+                while queue:  # the others' slices reach the late peers before they begin the round
+                    src, to, msg = queue.popleft()
+                    self._post(to, self.peers[to].receive(src, msg, self.now, self.neighbours(to)), queue, drop)
+                before_late()
+            for a in group:
+                p = self.peers[a]
+                deltas[a] = self.rng.normal(size=p.port.numel).astype(np.float32)
+                p.port.x -= deltas[a]
+                p.port.step += 1
+                self._post(a, p.after_step(p.port.step, self.now, self.neighbours(a)), queue, drop)
         for _ in range(50):
             while queue:
                 src, to, msg = queue.popleft()
@@ -247,8 +257,50 @@ def test_a_slice_cut_for_another_member_set_is_counted_and_not_mixed():
     q = compressed_fields(make_compressor("none").compress(np.ones(333, np.float32)))
     msg = OuterSlice(**q, round=0, step=1, degree=2, model_key="m/1000", sketch=np.zeros(peer._positions.size, np.float32),
                      mixed=(), inner_steps=0, members=three, index=0)
+    # before we begin the round, it is kept with its vote: one for three peers, ours for four
     assert peer.receive(ADDRS[1], msg, 0.0, ADDRS[1:]) == []
-    assert peer.stats["scatter_view_mismatch"] == 1 and peer._rounds.buffered() == []
+    assert peer.stats["scatter_view_mismatch"] == 0 and peer._rounds.buffered() == [0]
+    peer.port.step += 1
+    peer.after_step(1, 0.0, ADDRS[1:])  # a tie: our view, the four of us, and the slice is dropped
+    assert peer._scatter._plans[0].members == tuple(ADDRS)
+    assert peer.stats["scatter_view_mismatch"] == 1 and ADDRS[1] not in peer._rounds._inbox.get(0, {})
+    # once we began, a slice cut for another set is dropped at once
+    assert peer.receive(ADDRS[2], msg, 0.0, ADDRS[1:]) == []
+    assert peer.stats["scatter_view_mismatch"] == 2 and ADDRS[2] not in peer._rounds._inbox.get(0, {})
+
+
+def test_a_peer_that_hears_from_the_others_before_it_knows_them_all_takes_their_set():
+    # The start-up race (tests/test_diloco_scatter_real.py): peer 0 gets the others' slices of
+    # round 0 while it sees only peer 1 (still waiting for --min-members); by the time it begins
+    # the round it sees peer 2 too. The round's set is settled then, not at the first slice.
+    swarm = Swarm(n=3)
+    swarm.views[ADDRS[0]] = [ADDRS[1]]
+    start = swarm.start.copy()
+    deltas = swarm.outer_round(late=[ADDRS[0]], before_late=lambda: swarm.views.clear())
+    stats = [swarm.peers[a].stats for a in swarm.addrs]
+    assert [s["scatter_view_mismatch"] for s in stats] == [0, 0, 0]
+    assert [s["scatter_slices_skipped"] for s in stats] == [0, 0, 0]
+    starts = swarm.starts()
+    for a in swarm.addrs:
+        np.testing.assert_array_equal(starts[a], starts[ADDRS[0]])
+    np.testing.assert_allclose(starts[ADDRS[0]], start - np.mean(list(deltas.values()), axis=0), atol=1e-5)
+
+
+def test_a_peer_that_begins_before_it_knows_them_all_takes_the_set_most_slices_were_cut_for():
+    # as above, but peer 0 still sees only peer 1 when it begins round 0: the others' two slices
+    # vote for the three of us, its own view for two; peer 2 is a member it has not heard of yet
+    swarm = Swarm(n=3)
+    swarm.views[ADDRS[0]] = [ADDRS[1]]
+    start = swarm.start.copy()
+    deltas = swarm.outer_round(late=[ADDRS[0]])
+    assert swarm.peers[ADDRS[0]]._scatter._plans[0].members == tuple(swarm.addrs)
+    stats = [swarm.peers[a].stats for a in swarm.addrs]
+    assert [s["scatter_view_mismatch"] for s in stats] == [0, 0, 0]
+    assert [s["scatter_slices_skipped"] for s in stats] == [0, 0, 0]
+    starts = swarm.starts()
+    for a in swarm.addrs:
+        np.testing.assert_array_equal(starts[a], starts[ADDRS[0]])
+    np.testing.assert_allclose(starts[ADDRS[0]], start - np.mean(list(deltas.values()), axis=0), atol=1e-5)
 
 
 # -- settings ---------------------------------------------------------------------------------

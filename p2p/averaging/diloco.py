@@ -520,8 +520,10 @@ class DiLoCo(AsynchronousHooks):
             if self.self_addr is None:
                 raise LocalProtocolError("diloco reduce-scatter needs the peer's address (Peer sets self_addr)")
             r = self._rounds.next_round() if round is None else round
-            plan = self._scatter.plan_for(r, self.self_addr, neighbours)
-            self._rounds.discard(r, self._scatter.taken_elsewhere(r, plan))
+            # the round's member set is settled now, from our view and the sets of the slices
+            # that came for it already (outer_scatter.py, "Who owns what")
+            plan, elsewhere = self._scatter.settle(r, self.self_addr, neighbours)
+            self._rounds.discard(r, elsewhere)
             own = (start, plan.part(delta, plan.index).copy(), momentum)
         if self._params_every_round:
             r = self._rounds.begin(now, neighbours, self._payload, round=round)
@@ -802,7 +804,7 @@ class DiLoCo(AsynchronousHooks):
         elif isinstance(msg, OuterShareQ):
             delta = received_delta(msg, self.port)
         elif isinstance(msg, OuterSlice):
-            delta = self._scatter.slice_in(src, msg, self.self_addr, neighbours)
+            delta = self._scatter.slice_in(src, msg, self.self_addr)
             if delta is None:  # sent under another view of the membership (counted)
                 return []
         else:

@@ -35,9 +35,20 @@ neighbour lists do not always (a join or a death not yet known everywhere; in th
 pair of peers whose link is cut each drop the other from their view while the rest still see
 both), so the set is what the last round agreed on: the one most of its gathered slices were
 cut for, less those that are no longer neighbours and whose Delta reached no owner (dead), plus
-our neighbours (joiners). Before we begin a round, its set is pinned by the first slice we take
-for it; a slice taken for another set before we began is dropped from the round then
-(``NeighbourRounds.discard``).
+our neighbours (joiners). A round's set is settled when we begin it (``settle``): every slice
+that reached us for it before then votes for the set its sender cut it for, our view votes
+once, and the set with the most votes among our view and its supersets is the round's (our
+view on a tie); the slices cut for another set are dropped from the round then
+(``NeighbourRounds.discard``, counted). A slice that comes after we began must be cut for the
+round's set. A superset only: a member we see stays in (we cut for it as long as we see it, as
+above, and the round waits for its slice). The senders began the round already, their sets are
+fixed, so the set most of them cut for loses the fewest slices; a member we have not heard of
+yet (a joiner, or at start-up) is one they have. Before, the set was our view at the time the
+round's first slice came, and at start-up that was too early: a peer still waiting for
+``--min-members`` got the others' first slices (they had seen every member, it had not seen
+all yet), pinned a set no other peer cut for, dropped their slices and had its own dropped by
+them: a partial round, one slice skipped per peer and the copies apart
+(tests/test_diloco_scatter_real.py, 1 run in 3-4).
 
 **Failures.** Unlike gossip, where a missing neighbour only leaves its weight on ours and every
 round stands alone (rounds.py), a reduce-scatter gives each peer one piece of everyone's work,
@@ -93,7 +104,8 @@ from p2p.wire import message
 
 MAX_MEMBERS = 1024  # slices a round may be cut into (bounds the member lists a message carries)
 MAX_AHEAD = 4  # rounds of gathered slices kept ahead of our own (a faster owner's)
-MAX_PINNED = 32  # rounds not yet begun whose member set is pinned (>= the rounds rounds.py buffers)
+MAX_UNBEGUN = 32  # rounds not begun yet whose slices' sets we keep (>= the rounds rounds.py buffers)
+MAX_SETS = 8  # distinct sets one round not begun yet may be voted for (beyond: dropped, a flood)
 
 
 @message(67)
@@ -172,8 +184,9 @@ class OuterScatter:
                     "scatter_overflow"):
             stats.setdefault(key, 0)
         self._plans: dict[int, Plan] = {}  # round -> our plan (the round in phase 1, or phase 2)
-        self._pinned: dict[int, Plan] = {}  # rounds not begun yet -> the set their first slice was taken for
-        self._taken: dict[int, dict[str, tuple]] = {}  # round -> sender -> the set its slice was taken for
+        # rounds not begun yet -> sender -> the set its slice was cut for; and -> set -> its votes
+        self._taken: dict[int, dict[str, tuple]] = {}
+        self._votes: dict[int, dict[tuple, int]] = {}
         self.pending: Optional[int] = None  # the round whose phase 2 is in flight
         self.deadline = math.inf
         self._floor = 0  # gathered slices for earlier rounds are late
@@ -186,16 +199,21 @@ class OuterScatter:
         self.delta = np.zeros(numel, dtype=np.float32)
         self.complete = True  # the last round gathered every slice
 
-    def plan_for(self, round: int, self_addr: str, neighbours: Sequence[str]) -> Plan:
-        """The set round ``round`` is cut for: the one its first slice to reach us was taken
-        for (before we began it), else ``view``."""
-        return self._pinned.get(round) or self.view(self_addr, neighbours)
-
-    def taken_elsewhere(self, round: int, plan: Plan) -> Callable[[str], bool]:
-        """Which senders' buffered slices of ``round`` were taken for another set (DiLoCo
-        drops them from the round: their bounds are not the plan's)."""
+    def settle(self, round: int, self_addr: str, neighbours: Sequence[str]) -> tuple[Plan, Callable[[str], bool]]:
+        """The set round ``round`` is cut for, as we begin it (module docstring, "Who owns
+        what"): of ``view`` and its supersets, the one most of the slices that reached us for
+        the round were cut for (``view`` on a tie); and which senders' buffered slices of the
+        round were cut for another set (DiLoCo drops them from the round: their bounds are not
+        the plan's; counted here)."""
+        view = self.view(self_addr, neighbours)
+        mine = set(view.members)
+        votes = {m: n for m, n in self._votes.get(round, {}).items() if mine.issubset(m)}
+        votes[view.members] = votes.get(view.members, 0) + 1
+        members = max(votes, key=lambda m: (votes[m], m == view.members))
+        plan = view if members == view.members else Plan.of(self_addr, members, self.numel)
         taken = self._taken.get(round, {})
-        return lambda src: taken.get(src) != plan.members
+        self.stats["scatter_view_mismatch"] += sum(1 for m in taken.values() if m != plan.members)
+        return plan, lambda src: taken.get(src) != plan.members
 
     def view(self, self_addr: str, neighbours: Sequence[str]) -> Plan:
         """The member set of our next round: our neighbours, plus the last round's agreed
@@ -211,8 +229,8 @@ class OuterScatter:
         self._plans[round] = plan
         self.delta = delta  # our whole Delta of the round (a peer that fell behind sends it again)
         self._plans = {r: p for r, p in self._plans.items() if r >= round - 1}
-        self._pinned = {r: p for r, p in self._pinned.items() if r > round}
         self._taken = {r: t for r, t in self._taken.items() if r > round}
+        self._votes = {r: v for r, v in self._votes.items() if r > round}
         self._floor = max(self._floor, round)
         sends = []
         for k, owner in enumerate(plan.members):
@@ -222,22 +240,27 @@ class OuterScatter:
                                                     index=k)))
         return sends
 
-    def slice_in(self, src: str, msg: OuterSlice, self_addr: Optional[str], neighbours: Sequence[str]):
-        """A phase-1 slice, decoded, or None when it was cut for another member set (counted).
-        Checked against the set our own round uses (``view`` now: we may not have begun it)."""
+    def slice_in(self, src: str, msg: OuterSlice, self_addr: Optional[str]):
+        """A phase-1 slice, decoded, or None when it was cut for another member set than the
+        one our round uses (counted). A round we have not begun has no set yet: the slice is
+        kept with its set's vote (``settle`` decides when we begin it)."""
         self._check(src, msg)
         plan = self._plans.get(msg.round)
-        if plan is None and self_addr is not None and msg.round >= self._floor:
-            plan = self.plan_for(msg.round, self_addr, neighbours)
-            if len(self._pinned) < MAX_PINNED:
-                self._pinned.setdefault(msg.round, plan)
-        if plan is None or msg.members != plan.members or msg.members[msg.index] != self_addr:
+        if (self_addr is None or msg.members[msg.index] != self_addr or (plan is None and msg.round < self._floor)
+                or (plan is not None and msg.members != plan.members)):
             self.stats["scatter_view_mismatch"] += 1
             return None
-        if msg.round not in self._taken and len(self._taken) >= MAX_PINNED:
-            self.stats["scatter_overflow"] += 1  # a flood of rounds: not kept
-            return None
-        self._taken.setdefault(msg.round, {})[src] = plan.members
+        if plan is None:
+            votes = self._votes.get(msg.round, {})
+            if (msg.round not in self._taken and len(self._taken) >= MAX_UNBEGUN) or (
+                    msg.members not in votes and len(votes) >= MAX_SETS):
+                self.stats["scatter_overflow"] += 1  # a flood of rounds, or of sets: not kept
+                return None
+            taken = self._taken.setdefault(msg.round, {})
+            if src not in taken:  # (a duplicate: rounds.py counts it and keeps the first)
+                votes = self._votes.setdefault(msg.round, votes)
+                members = next((m for m in votes if m == msg.members), msg.members)  # one copy of each set
+                taken[src], votes[members] = members, votes.get(members, 0) + 1
         return self._decode(msg)
 
     # -- phase 2 ----------------------------------------------------------------------------
