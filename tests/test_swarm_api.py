@@ -77,6 +77,28 @@ def test_alone_diloco_with_a_unit_outer_step_is_local_training():
     np.testing.assert_allclose(params(model), params(plain), rtol=1e-5, atol=1e-6)
 
 
+def test_diloco_is_evaluated_on_its_outer_parameters_and_the_others_on_the_model():
+    """Between two outer steps DiLoCo's live model is one peer's local run; an evaluation scores
+    the swarm's outer parameters (theta_start) instead, whatever step it lands on."""
+    model = make_model()
+    with p2p.Swarm(model, listen="127.0.0.1:0", algorithm="diloco", diloco_inner_steps=4, diloco_outer_lr=1.0,
+                   diloco_outer_momentum=0.0, **FAST) as swarm:
+        opt = swarm.wrap(torch.optim.SGD(model.parameters(), lr=0.1))
+        user_loop(model, opt, batches(2, 12))  # 6 steps (2 micro-batches each): an outer step at 4, then 2 local steps
+        outer = swarm._driver.call(lambda: swarm.peer.averager.outer_parameters.copy())
+        evaluated = swarm.evaluation_model()
+        assert evaluated is not model
+        np.testing.assert_array_equal(params(evaluated), outer)
+        assert not np.allclose(params(model), outer)  # the local steps since the outer step
+        user_loop(model, opt, batches(3, 4))  # steps 7-8: an outer step at 8; the copy follows it
+        outer = swarm._driver.call(lambda: swarm.peer.averager.outer_parameters.copy())
+        np.testing.assert_array_equal(params(swarm.evaluation_model()), outer)
+        np.testing.assert_allclose(params(model), outer, rtol=1e-6, atol=1e-7)  # lr 1, just stepped: theta_start
+    other = make_model()
+    with p2p.Swarm(other, listen="127.0.0.1:0", **FAST) as swarm:
+        assert swarm.evaluation_model() is other
+
+
 def test_alone_diloco_with_auto_inner_steps_starts_at_the_smallest_h_and_shows_it():
     model = make_model()
     with p2p.Swarm(model, listen="127.0.0.1:0", algorithm="diloco", diloco_inner_steps="auto", **FAST) as swarm:

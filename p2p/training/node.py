@@ -102,7 +102,8 @@ class Node:
             torch.manual_seed(seed)  # the daemon's process: per-peer randomness from here on
             self.loop = TrainingLoop(self.task, self.model, self.optimizer, self.task.train_batches(cfg.shard, seed),
                                      self.device, cfg.precision, cfg.eval_every_s, cfg.slowdown,
-                                     steps_done=lambda: swarm.step, on_report=self._report, settle=swarm.settle)
+                                     steps_done=lambda: swarm.step, on_report=self._report, settle=swarm.settle,
+                                     evaluated_model=swarm.evaluation_model)
             if self.loop.scaler is not None:
                 swarm.register_state("grad_scaler", self.loop.scaler)
             if swarm.resumed_from or swarm.synced:

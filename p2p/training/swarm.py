@@ -37,6 +37,7 @@ randomness comes from ``random.Random((seed, id))``), no signal handlers unless
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import random
@@ -46,6 +47,7 @@ import time
 import zlib
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 
 from p2p.averaging.hostile import Hostile
@@ -148,6 +150,7 @@ class Swarm:
         self._servable = False  # holds state a joiner may take (restored, synced, or the first member)
         self._joiner: Optional[StateJoiner] = None
         self._ops: Optional[Any] = None  # the metrics / status page / health endpoint (``metrics``)
+        self._outer_model: Optional[torch.nn.Module] = None  # DiLoCo's outer parameters, to evaluate (evaluation_model)
         self.synced: Optional[Synced] = None  # what state sync brought (None: nothing fresher was found)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -404,6 +407,31 @@ class Swarm:
     def step(self) -> int:
         """Optimizer steps taken through the wrapped optimizer (skipped AMP steps excluded)."""
         return self._step
+
+    def evaluation_model(self) -> torch.nn.Module:
+        """The model to evaluate (and to compare with other methods at a step or a time): with
+        DiLoCo, the swarm's outer parameters (theta_start, on which every peer's last outer step
+        agreed; DiLoCo evaluates this global model, Douillard et al. 2023, Sec. 3), loaded into a
+        copy of the model kept for it (buffers from the live model); the model itself with every
+        other algorithm, whose parameters are the averaged ones.
+
+        Why not DiLoCo's live model: between two outer steps it is one peer's local run, 2-6
+        accuracy points under the average on nodes.wide (``bench/diloco_sweep.py`` at H 25:
+        0.824 at a boundary, 0.772 ten steps later), so which of those an evaluation happened to
+        land on decided the figure: a trainer that waits at every boundary was evaluated right
+        after its outer steps, one that overlaps the round (``--diloco-overlap``) anywhere."""
+        averager = self.peer.averager if self._driver is not None else None
+        if not hasattr(averager, "outer_parameters"):
+            return self.model
+        try:
+            values = self._driver.call(lambda: np.array(averager.outer_parameters, dtype=np.float32))  # a copy
+        except (DriverStopped, DriverBusy):  # stopping: the live model (the last outer step landed in it)
+            return self.model
+        if self._outer_model is None:
+            self._outer_model = copy.deepcopy(self.model)
+        self._outer_model.load_state_dict(self.model.state_dict())  # buffers (batch norm's statistics)
+        self._outer_model.load_state_dict(self.flat.named_values(values, self.model), strict=False)
+        return self._outer_model
 
     def apply_pending(self) -> int:
         """Land the averaging deltas queued since the last step (the wrapper does this at every

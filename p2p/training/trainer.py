@@ -46,7 +46,8 @@ class TrainingLoop:
                  eval_every_s: float = 2.0, slowdown: float = 1.0,
                  steps_done: Optional[Callable[[], int]] = None,
                  on_report: Optional[Callable[[LoopState], None]] = None,
-                 settle: Optional[Callable[[], None]] = None) -> None:
+                 settle: Optional[Callable[[], None]] = None,
+                 evaluated_model: Optional[Callable[[], torch.nn.Module]] = None) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: choose from {', '.join(PRECISIONS)}")
         self.task, self.model, self.optimizer = task, model, optimizer
@@ -67,11 +68,14 @@ class TrainingLoop:
         self.steps_done = steps_done or (lambda: self.state.iterations)  # applied steps
         self.on_report = on_report or (lambda state: None)
         self.settle = settle or (lambda: None)  # before the last evaluation: the averaging round in flight lands
+        # the model an evaluation scores (p2p.Swarm.evaluation_model: DiLoCo's outer parameters)
+        self.evaluated_model = evaluated_model or (lambda: self.model)
 
     def evaluate(self) -> None:
         began, started = time.time(), time.monotonic()
-        self.model.eval()
-        metrics = self.task.evaluate(self.model, self.device)
+        model = self.evaluated_model()
+        model.eval()
+        metrics = self.task.evaluate(model, self.device)
         self.model.train()
         self.state.accuracy = float(metrics["accuracy"])
         self.state.eval_loss = float(metrics.get("loss", math.nan))
