@@ -1,6 +1,7 @@
 """State sync's protocol (p2p/statesync/): a joiner and donors, driven by hand through the real
 wire codec, on a logical clock."""
 
+import math
 import random
 import zlib
 
@@ -158,6 +159,27 @@ def test_answers_only_from_members_still_joining_are_not_nothing_fresher():
     net.down.clear()
     j = net.run(until=30)
     assert j.phase == DONE and j.outcome.donor == "a:1" and j.outcome.step == 500
+
+
+def test_nodes_started_together_ask_again_soon_and_then_less_often():
+    """Every node of a new swarm launched at once: our join address is still syncing itself
+    when we ask (step -1). We ask again after 0.25 s, then 0.5, 1, 2 (the query timeout), not a
+    whole query timeout each time, so we are done soon after it is (the lab: the last of four
+    nodes began training ~2 s late)."""
+    b = Donor("b:1", step=0, servable=False)
+    net = Net(joiner(["b:1"], config=SyncConfig(chunk_bytes=1000, query_timeout_s=2.0)), [b], None)
+    net.deliver("joiner", net.joiner.start(0.0))
+    asked = []
+    while net.now < 6.0:
+        if net.joiner.next_deadline() < math.inf:
+            net.now = net.joiner.next_deadline()
+        sends = net.joiner.tick(net.now)
+        asked += [net.now for s in sends if isinstance(s.msg, SyncQuery)]
+        net.deliver("joiner", sends)
+    assert [round(t, 6) for t in asked[:5]] == [0.25, 0.75, 1.75, 3.75, 5.75]  # 0.25 s doubling to 2 s
+    b.servable = True  # it synced: it holds state (step 0, nothing fresher than ours)
+    j = net.run(until=60.0, step=0.05)
+    assert j.phase == DONE and j.outcome.data is None and net.now <= 5.75 + 2.0 + 0.05
 
 
 def test_nothing_fresher_means_keep_our_own():

@@ -8,7 +8,8 @@ Theory of operation. States: QUERYING -> TRANSFERRING -> DONE, or FAILED.
   step above our own count (a joiner with a fresher checkpoint keeps it). With none, the outcome
   is DONE with no state: we are as fresh as anyone (a new swarm, or a restart of all of it). That
   takes an answer from a member that holds state: silence, or answers only from members still
-  joining themselves (step -1), mean "ask again" until the deadline (a joiner that joined through
+  joining themselves (step -1), mean "ask again" (after a pause of 0.25 s that doubles up to the
+  query timeout) until the deadline (a joiner that joined through
   a syncing member while the members with state were slow to answer started from a random model,
   and dragged the finished swarm's model down; seen in CI).
 - Choosing: the freshest offer sets the bar; every donor within ``step_slack`` steps of it is as
@@ -39,6 +40,7 @@ from p2p.statesync.messages import (BUSY, CAPTURED, OK, PREPARING, UNKNOWN, Sync
                                     SyncOffer, SyncQuery)
 
 QUERYING, TRANSFERRING, DONE, FAILED = "querying", "transferring", "done", "failed"
+NOT_YET_PAUSE_S = 0.25  # the first pause before asking again when no member with state answered (``_not_yet_pause``)
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ class StateJoiner:
         # address cost the joiner the join timeout plus up to a query timeout.
         self._query_until = min(now + config.query_timeout_s, deadline)
         self._reask_at = math.inf  # after every candidate failed: when to ask the members again
+        self._not_yet = min(NOT_YET_PAUSE_S, config.query_timeout_s)  # the next pause when nobody with state answered
         self._transfer: Optional[_Transfer] = None
         self.attempts = 0  # donors tried
         self.stats = {"offers": 0, "chunks": 0, "bytes": 0, "donors_failed": 0, "rejected": 0, "retries": 0,
@@ -199,7 +202,7 @@ class StateJoiner:
                 # restarted), a member still starting, or only members that are joining themselves.
                 # Silence is not "nobody is fresher": ask again.
                 self.error = "no member with state answered yet"
-                return self._ask_again(now)
+                return self._ask_again(now, self._not_yet_pause())
             if not self._offers and not self._failed:
                 self.phase, self.outcome = DONE, SyncOutcome(None)  # nobody fresher (or nobody at all): keep ours
                 return []
@@ -223,8 +226,19 @@ class StateJoiner:
         self.phase = TRANSFERRING
         return self._request_more()
 
-    def _ask_again(self, now: float) -> list[Send]:
-        """Forget this round of asking and start another after a pause (tick)."""
+    def _not_yet_pause(self) -> float:
+        """The pause before asking again when the members answered but none holds state yet:
+        ``NOT_YET_PAUSE_S``, doubling each time, up to the query timeout. Members that start
+        together (a new swarm, every node launched at once) are each still syncing through the
+        next when the first asks: a whole query timeout per round of asking made the last of
+        four nodes start training ~2 s after the first could have (the lab, bench/slow_links.py)."""
+        pause, self._not_yet = self._not_yet, min(2 * self._not_yet, self.config.query_timeout_s)
+        return pause
+
+    def _ask_again(self, now: float, pause: Optional[float] = None) -> list[Send]:
+        """Forget this round of asking and start another after a pause (tick): ``pause``, else
+        the query timeout (every candidate failed: a donor that breaks the rules at once must
+        not make us spin)."""
         self._failed.clear()
         self._asked.clear()
         self._answered = set()
@@ -232,7 +246,7 @@ class StateJoiner:
         self._queries = 0
         self._offers.clear()
         self._query_until = math.inf
-        self._reask_at = min(now + self.config.query_timeout_s, self.deadline)
+        self._reask_at = min(now + (self.config.query_timeout_s if pause is None else pause), self.deadline)
         self.phase = QUERYING
         return []
 
