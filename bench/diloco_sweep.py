@@ -14,7 +14,10 @@ arrives: what the lab would give on a perfect network. Each variant runs in its 
 A variant is ``ddp``, ``compute_only`` or ``CODEC:H:OUTER_LR:OUTER_MOMENTUM`` (CODEC: none,
 one of p2p.averaging.diloco.CODECS; sparseloco at its default 2% density, meant for
 ``sparseloco:H:1.0:0.0``, SparseLoCo's outer rule). Prints one row per variant: accuracy (mean over peers) at each
-evaluation step, and the DiLoCo bytes each peer sent (wire payload, all rounds).
+evaluation step, and the DiLoCo bytes each peer sent (wire payload, all rounds). DiLoCo's
+accuracy is its outer parameters' (theta_start), as the nodes score it: the live model between
+outer steps is one peer's local run, and an evaluation step that is not a multiple of H would
+score that instead (2-6 points lower on nodes.wide at H 25).
 """
 
 from __future__ import annotations
@@ -49,6 +52,15 @@ class _Port:
 
     def add_delta(self, delta) -> None:
         self.flat.add_delta(delta)
+
+
+def outer_model(model, flat, values):
+    """A copy of ``model`` holding DiLoCo's outer parameters ``values`` (its buffers kept)."""
+    import copy
+
+    copied = copy.deepcopy(model)
+    copied.load_state_dict(flat.named_values(values, model), strict=False)
+    return copied
 
 
 def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_name: str, seed: int) -> dict:
@@ -111,6 +123,8 @@ def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_n
             for f in flats:
                 f.apply_pending()
             evaluated = models[:1] if variant == "ddp" else models
+            if algs:  # the outer parameters, as the nodes score DiLoCo (p2p.Swarm.evaluation_model)
+                evaluated = [outer_model(m, f, a.outer_parameters) for m, f, a in zip(models, flats, algs)]
             acc[k] = round(sum(task.evaluate(m)["accuracy"] for m in evaluated) / len(evaluated), 4)
             print(f"[diloco_sweep] {variant}: step {k} accuracy {acc[k]} ({time.time() - t0:.0f} s)",
                   file=sys.stderr, flush=True)
