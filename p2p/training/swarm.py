@@ -419,7 +419,12 @@ class Swarm:
         accuracy points under the average on nodes.wide (``bench/diloco_sweep.py`` at H 25:
         0.824 at a boundary, 0.772 ten steps later), so which of those an evaluation happened to
         land on decided the figure: a trainer that waits at every boundary was evaluated right
-        after its outer steps, one that overlaps the round (``--diloco-overlap``) anywhere."""
+        after its outer steps, one that overlaps the round (``--diloco-overlap``) anywhere.
+
+        Costs one more copy of the model (on its device), kept between evaluations: swapping the
+        outer parameters into the live model instead would hand a joiner's state capture or an
+        export, read by the network thread meanwhile, the wrong values, and holding the
+        parameter lock through an evaluation would stall that thread (membership probes)."""
         averager = self.peer.averager if self._driver is not None else None
         if not hasattr(averager, "outer_parameters"):
             return self.model
