@@ -12,6 +12,7 @@ import torch
 from torch.nn import functional as F
 
 import p2p
+from p2p.training.state import from_bytes_unchecked
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -94,6 +95,11 @@ def test_diloco_is_evaluated_on_its_outer_parameters_and_the_others_on_the_model
         outer = swarm._driver.call(lambda: swarm.peer.averager.outer_parameters.copy())
         np.testing.assert_array_equal(params(swarm.evaluation_model()), outer)
         np.testing.assert_allclose(params(model), outer, rtol=1e-6, atol=1e-7)  # lr 1, just stepped: theta_start
+        user_loop(model, opt, batches(4, 4))  # steps 9-10: local again; `p2p export --peer` takes the outer ones
+        exported = from_bytes_unchecked(bytes(swarm._driver.call(swarm._model_reply).data)).model
+        np.testing.assert_array_equal(torch.cat([exported[n].reshape(-1) for n, _ in model.named_parameters()]).numpy(),
+                                      outer)
+        assert not np.allclose(params(model), outer)
     other = make_model()
     with p2p.Swarm(other, listen="127.0.0.1:0", **FAST) as swarm:
         assert swarm.evaluation_model() is other

@@ -579,7 +579,13 @@ class Swarm:
         return to_bytes(state), state.step, state.model_key
 
     def _model_reply(self) -> ModelReply:
-        state = self._keeper.capture_for_peer(lambda: self._step, self.config.algorithm, {}, with_optimizer=False)
+        """``p2p export --peer``: the model, with DiLoCo its outer parameters (the swarm's model,
+        as a joiner takes it and as ``evaluation_model`` scores it; the live model between outer
+        steps is this peer's local run)."""
+        outer = getattr(self.peer.averager, "outer_parameters", None)
+        values = None if outer is None else np.array(outer, dtype=np.float32)
+        state = self._keeper.capture_for_peer(lambda: self._step, self.config.algorithm, {}, with_optimizer=False,
+                                              model_values=values)
         return ModelReply(state.step, self.model_key, to_bytes(state))
 
 
