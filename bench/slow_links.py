@@ -22,6 +22,10 @@ inline in every method's training loop every ``--eval-every`` seconds, so its ti
 same way for all):
 - accuracy curve: at each moment, the mean over peers of each peer's latest held-out
   accuracy, defined once every peer has been evaluated (DDP ranks hold one model: rank 0's).
+  What is scored: each worker's model; a p2p DiLoCo node's outer parameters (the swarm's model:
+  its live model between outer steps is a local run, and which of the two an evaluation landed on
+  moved its figure by 2-6 points; p2p.Swarm.evaluation_model); post-local SGD's live model
+  (PyTorch keeps no averaged copy; its blocking all-reduce puts most evaluations right after one).
   Everyone evaluates every ``--eval-every`` seconds, and each accuracy is timed (and stepped)
   by when its evaluation began: workers log it, p2p nodes' JSON progress lines
   (``--log-format json``, every ``--poll`` seconds) carry it (``evaluated_at``,
