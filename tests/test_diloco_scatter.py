@@ -269,30 +269,15 @@ def test_a_slice_cut_for_another_member_set_is_counted_and_not_mixed():
     assert peer.stats["scatter_view_mismatch"] == 2 and ADDRS[2] not in peer._rounds._inbox.get(0, {})
 
 
-def test_a_peer_that_hears_from_the_others_before_it_knows_them_all_takes_their_set():
-    # The start-up race (tests/test_diloco_scatter_real.py): peer 0 gets the others' slices of
-    # round 0 while it sees only peer 1 (still waiting for --min-members); by the time it begins
-    # the round it sees peer 2 too. The round's set is settled then, not at the first slice.
+def peer_0_late_with_a_partial_view(sees_all_when_it_begins: bool):
+    """Round 0 with peer 0 seeing only peer 1, the others' slices reaching it before it begins
+    (the start-up race of tests/test_diloco_scatter_real.py); with ``sees_all_when_it_begins``
+    it sees peer 2 too by then. Every peer must mix all three Deltas, nothing dropped."""
     swarm = Swarm(n=3)
     swarm.views[ADDRS[0]] = [ADDRS[1]]
     start = swarm.start.copy()
-    deltas = swarm.outer_round(late=[ADDRS[0]], before_late=lambda: swarm.views.clear())
-    stats = [swarm.peers[a].stats for a in swarm.addrs]
-    assert [s["scatter_view_mismatch"] for s in stats] == [0, 0, 0]
-    assert [s["scatter_slices_skipped"] for s in stats] == [0, 0, 0]
-    starts = swarm.starts()
-    for a in swarm.addrs:
-        np.testing.assert_array_equal(starts[a], starts[ADDRS[0]])
-    np.testing.assert_allclose(starts[ADDRS[0]], start - np.mean(list(deltas.values()), axis=0), atol=1e-5)
-
-
-def test_a_peer_that_begins_before_it_knows_them_all_takes_the_set_most_slices_were_cut_for():
-    # as above, but peer 0 still sees only peer 1 when it begins round 0: the others' two slices
-    # vote for the three of us, its own view for two; peer 2 is a member it has not heard of yet
-    swarm = Swarm(n=3)
-    swarm.views[ADDRS[0]] = [ADDRS[1]]
-    start = swarm.start.copy()
-    deltas = swarm.outer_round(late=[ADDRS[0]])
+    deltas = swarm.outer_round(late=[ADDRS[0]],
+                               before_late=swarm.views.clear if sees_all_when_it_begins else lambda: None)
     assert swarm.peers[ADDRS[0]]._scatter._plans[0].members == tuple(swarm.addrs)
     stats = [swarm.peers[a].stats for a in swarm.addrs]
     assert [s["scatter_view_mismatch"] for s in stats] == [0, 0, 0]
@@ -301,6 +286,18 @@ def test_a_peer_that_begins_before_it_knows_them_all_takes_the_set_most_slices_w
     for a in swarm.addrs:
         np.testing.assert_array_equal(starts[a], starts[ADDRS[0]])
     np.testing.assert_allclose(starts[ADDRS[0]], start - np.mean(list(deltas.values()), axis=0), atol=1e-5)
+
+
+def test_a_peer_that_hears_from_the_others_before_it_knows_them_all_takes_their_set():
+    # peer 0 is still waiting for --min-members when the others' slices come; by the time it
+    # begins the round it sees peer 2 too. The round's set is settled then, not at the first slice.
+    peer_0_late_with_a_partial_view(sees_all_when_it_begins=True)
+
+
+def test_a_peer_that_begins_before_it_knows_them_all_takes_the_set_most_slices_were_cut_for():
+    # peer 0 still sees only peer 1 when it begins round 0: the others' two slices vote for the
+    # three of us, its own view for two; peer 2 is a member it has not heard of yet
+    peer_0_late_with_a_partial_view(sees_all_when_it_begins=False)
 
 
 # -- settings ---------------------------------------------------------------------------------
