@@ -133,6 +133,43 @@ def test_sparseloco_error_feedback_sends_every_deltas_mass_but_its_residual(over
         < 1.5 * np.linalg.norm(residual)
 
 
+def test_sparseloco_sends_its_first_rounds_as_dense_int4_and_a_peer_counting_otherwise_still_agrees():
+    """Dense first rounds (diloco.py): by default the swarm's rounds 0-3 carry int4 and round 4
+    on sparseloco; a peer set to 0 (sparseloco from the first) mixes with them and the copies
+    stay one, error feedback covering both kinds."""
+    rng = np.random.default_rng(3)
+    drifts = [rng.standard_normal(N).astype(np.float32) * 0.01 for _ in range(3)]
+    peers = [make(np.zeros(N), DiLoCoConfig(inner_steps=1), compression="sparseloco") for _ in range(2)]
+    peers.append(make(np.zeros(N), DiLoCoConfig(inner_steps=1, dense_rounds=0), compression="sparseloco"))
+    codecs = []  # per round: the codec of each peer's shares
+    for k in range(6):
+        for (port, _), d in zip(peers, drifts):
+            port.x -= d
+            port.step += 1
+        sends = outer_round(peers, float(k))
+        codecs.append([{s.msg.codec for s in sends[f"p{i}"]} for i in range(3)])
+    assert codecs[:4] == [[{"int4"}, {"int4"}, {"sparseloco"}]] * 4
+    assert codecs[4:] == [[{"sparseloco"}] * 3] * 2
+    for _, alg in peers[1:]:  # one copy, up to the rounding of sums taken in another order
+        np.testing.assert_allclose(alg.outer_parameters, peers[0][1].outer_parameters, rtol=0, atol=1e-6)
+        assert alg.stats["copies_apart"] == 0
+    # int4 keeps every entry: after its rounds the outer parameters moved on all of them, where
+    # sparseloco's 2% would have left most at zero
+    moved = {}
+    for dense in (4, 0):
+        pair = [make(np.zeros(N), DiLoCoConfig(inner_steps=1, dense_rounds=dense), compression="sparseloco")
+                for _ in range(2)]
+        drift_rounds(pair, drifts[:2], 1)
+        moved[dense] = np.count_nonzero(pair[0][1].outer_parameters)
+    assert moved[4] > 0.9 * N and moved[0] < 0.1 * N, moved
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "4"])
+def test_dense_rounds_must_be_a_count(bad):
+    with pytest.raises(ValueError, match="dense_rounds"):
+        DiLoCoConfig(dense_rounds=bad)
+
+
 def test_sparseloco_residual_is_checkpointed_but_never_taken_from_a_donor():
     options = DiLoCoConfig(inner_steps=1)
     peers = [make(np.zeros(N), options, compression="sparseloco") for _ in range(2)]

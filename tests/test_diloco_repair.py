@@ -26,7 +26,8 @@ class Swarm:
     message goes through encode/decode; ``sent`` counts the bytes each peer put on the wire."""
 
     def __init__(self, starts, codec="int4", drop=lambda src, dst, msg: False, timeout_s=10.0, robust=False,
-                 outer_lr=0.7, outer_momentum=0.9):
+                 outer_lr=0.7, outer_momentum=0.9, dense_rounds=0):
+        # dense_rounds 0: sparseloco from the first round, whose small shares the catch-ups here need
         self.names = [f"p{i}" for i in range(len(starts))]
         self.peers = {}
         for name, start in zip(self.names, starts):
@@ -34,7 +35,7 @@ class Swarm:
             port = ArrayPort(np.asarray(start, np.float32), KEY, immediate=True)
             self.peers[name] = (port, DiLoCo(config, port, random.Random(0), 0.0,
                                              DiLoCoConfig(inner_steps=H, outer_lr=outer_lr,
-                                                                          outer_momentum=outer_momentum)))
+                                                          outer_momentum=outer_momentum, dense_rounds=dense_rounds)))
             self.peers[name][1].self_addr = name  # as p2p.peer.Peer sets it
         self.now = 0.0
         self.cut: set[str] = set()
