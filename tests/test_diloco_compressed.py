@@ -164,6 +164,48 @@ def test_sparseloco_sends_its_first_rounds_as_dense_int4_and_a_peer_counting_oth
     assert moved[4] > 0.9 * N and moved[0] < 0.1 * N, moved
 
 
+def timed_rounds(waits, compute_s=1.0):
+    """Two sparseloco peers, H 1, as the trainer drives them: the first step's gate, then per
+    round ``compute_s`` of inner steps, the boundary, the gate (blocked) and every share in
+    ``wait`` later. The codecs each round carried."""
+    rng = np.random.default_rng(5)
+    peers = [make(np.zeros(N), DiLoCoConfig(inner_steps=1), compression="sparseloco") for _ in range(2)]
+    names, now, codecs = ["p0", "p1"], 0.0, []
+    for _, alg in peers:
+        assert alg.gate_wanted(1) and alg.may_step(1, now)
+    for wait in waits:
+        now += compute_s
+        sends = {}
+        for name, (port, alg) in zip(names, peers):
+            port.x -= rng.standard_normal(N).astype(np.float32) * 0.01
+            port.step += 1
+            sends[name] = alg.after_step(port.step, now, [n for n in names if n != name])
+            assert not alg.may_step(port.step + 1, now)  # the trainer waits at the gate
+        codecs.append({s.msg.codec for out in sends.values() for s in out})
+        now += wait
+        for name, (port, alg) in zip(names, peers):
+            for src, out in sends.items():
+                for s in out:
+                    if s.to == name:
+                        alg.receive(src, s.msg, now, [n for n in names if n != name])
+            assert alg.may_step(port.step + 1, now)
+    return codecs, peers
+
+
+def test_dense_rounds_stop_once_one_takes_longer_than_the_compute_it_saves():
+    # a link that carries them: every dense round (4), then sparseloco
+    codecs, peers = timed_rounds([0.3] * 6)
+    assert codecs == [{"int4"}] * 4 + [{"sparseloco"}] * 2
+    assert all(alg.stats["dense_rounds"] == 4 for _, alg in peers)
+    # the first took 1.5 s against 1 s of compute: sparseloco from the next
+    codecs, peers = timed_rounds([1.5, 0.3, 0.3])
+    assert codecs == [{"int4"}, {"sparseloco"}, {"sparseloco"}]
+    assert all(alg.stats["dense_rounds"] == 1 for _, alg in peers)
+    # a later one: measured against H x the seconds per inner step, the gate's wait left out
+    codecs, _ = timed_rounds([0.3, 0.3, 1.5, 0.3])
+    assert codecs == [{"int4"}] * 3 + [{"sparseloco"}]
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "4"])
 def test_dense_rounds_must_be_a_count(bad):
     with pytest.raises(ValueError, match="dense_rounds"):

@@ -105,9 +105,16 @@ the outer parameters far behind the inner runs: on ``nodes.wide`` (bench/diloco_
 DDP 0.678) and reached 0.80 at step 200, DDP at 125. With 4 int4 rounds first they scored 0.661
 at 50 and reached 0.80 at 125, as DDP, and stayed ahead of sparseloco alone (0.836 against
 0.828 at 300); 2 rounds reached it at 150, 3 at 150 (0.797 at 125). The price is int4's bytes
-for those rounds: ~3.4 MB a peer a round there, against ~0.27 MB for sparseloco. Receivers
-decode each share by its own codec, so a peer that counts rounds differently (a joiner) mixes
-the two kinds without harm (p2p/compression/sparse.py, "Mixed with dense vectors").
+for those rounds: ~3.4 MB a peer a round there, against ~0.27 MB for sparseloco. So they are
+sent only while the link carries them: a peer stops after a dense round that it waited for
+longer than the period's compute (H x the measured seconds per inner step; for the first round,
+the time since the first step). Each dense round saved about 19 steps of the 75 above, less than
+a period, so one that costs more than a period loses time. Measured in the lab (bench/slow_links.py, one run,
+all four rounds dense): time to 0.80 16.5 s against 17.7 s without at 100 Mbit/s, but 23.3 s
+against 19.3 s at 20 Mbit/s, where an int4 round takes ~1.4 s against ~0.85 s of compute.
+Receivers decode each share by its own codec, so peers that stop at different rounds, or count
+rounds differently (a joiner), mix the two kinds without harm (p2p/compression/sparse.py,
+"Mixed with dense vectors").
 
 theta_start never travels in the rounds on ``full`` (``gossip_rounds`` = 1). Every share carries
 a sketch of the sender's theta_start (a few hundred entries at fixed positions). Peers that mixed
@@ -318,8 +325,10 @@ class DiLoCo(AsynchronousHooks):
         self._compressor = None if config.compression == "none" else compressor_from_config(config)
         # the first rounds' codec (module docstring, "Dense first rounds"): only where error feedback is
         self._dense = make_compressor(DENSE_CODEC) if feedback and self.options.dense_rounds else None
+        self._sent_dense = False  # the round in flight carries our Delta dense
+        self._first_step_at: float | None = None  # the first round's period starts there
         self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0,
-                                      "rounds_realigned": 0}
+                                      "rounds_realigned": 0, "dense_rounds": 0}
         self._scatter = None  # the reduce-scatter round (outer_scatter.py): it compresses the slices
         if self.options.reduce_scatter:
             self._scatter = OuterScatter(config.compression, config.compression_block, port.numel, port.model_key,
@@ -528,6 +537,7 @@ class DiLoCo(AsynchronousHooks):
         compressor = self._compressor
         if self._dense is not None and self._rounds.next_round() < self.options.dense_rounds:
             compressor = self._dense  # module docstring, "Dense first rounds"
+        self._sent_dense = compressor is self._dense
         if compressor is not None:  # the residual is updated in place (outer_codec.py)
             self._packed, delta = pack(compressor, delta, self._residual if own else None)
         self._payload = (start, delta, momentum)
@@ -654,6 +664,20 @@ class DiLoCo(AsynchronousHooks):
             self._wait_ewma = wait if self._wait_ewma is None else (
                 (1 - WAIT_EWMA_ALPHA) * self._wait_ewma + WAIT_EWMA_ALPHA * wait)
 
+    def _dense_fits(self, wait: float) -> None:
+        """A dense round ended after ``wait``: no more of them once one took longer than the
+        period's compute (module docstring, "Dense first rounds")."""
+        self.stats["dense_rounds"] += 1
+        step_s = self._schedule.step_s
+        if step_s is not None:
+            compute = step_s * self._schedule.h
+        elif self._first_step_at is not None and self._first_step_at < self._began_at:
+            compute = self._began_at - self._first_step_at
+        else:  # a joiner's first round: its first step was not step 1
+            return
+        if wait > compute:
+            self._dense = None
+
     def _poll(self, now: float) -> None:
         if self._scatter is not None and self._scatter.ready(now):
             self._gathered(now)
@@ -668,6 +692,8 @@ class DiLoCo(AsynchronousHooks):
             # outer_schedule.py rule 5), in step and not cut, and its link was fast enough.
             missing = self._wait_for - mixed.senders - self._rounds.moved_on()
             self._observe_wait(mixed, missing, now)
+            if self._sent_dense and not missing:
+                self._dense_fits(now - self._began_at)
             if self._scatter is None:  # else when the slices are gathered
                 self._watch.note_average(r, mixed.payload[1], mixed, tau is None)
             self._agree_schedule(r, mixed, missing)
@@ -763,6 +789,8 @@ class DiLoCo(AsynchronousHooks):
     # -- step hooks ---------------------------------------------------------------------------
     def gate_wanted(self, step: int) -> bool:
         h = self._schedule
+        if step == 1 and self._dense is not None:  # when the first period began (_dense_fits)
+            return True
         if self._overlap:  # the step that closes the next period (module docstring, "Overlap")
             return h.is_boundary(step) and step > h.h
         # right after an outer boundary (H changes only when the round ends: then no gate is due)
@@ -772,6 +800,8 @@ class DiLoCo(AsynchronousHooks):
         return self._schedule.boundary_candidate(step)  # the outer boundaries (after_step checks)
 
     def may_step(self, step: int, now: float) -> bool:
+        if self._first_step_at is None:
+            self._first_step_at = now
         if self._syncing and self._continue_at == math.inf:
             self._poll(now)
         if self._syncing and self._blocked_since is None:
