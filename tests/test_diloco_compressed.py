@@ -164,31 +164,33 @@ def test_sparseloco_sends_its_first_rounds_as_dense_int4_and_a_peer_counting_oth
     assert moved[4] > 0.9 * N and moved[0] < 0.1 * N, moved
 
 
-def timed_rounds(waits, compute_s=1.0):
-    """Two sparseloco peers, H 1, as the trainer drives them: the first step's gate, then per
-    round ``compute_s`` of inner steps, the boundary, the gate (blocked) and every share in
-    ``wait`` later. The codecs each round carried."""
+def timed_rounds(waits, step_s=0.5):
+    """Two sparseloco peers, H 2, as the trainer drives them: every inner step takes ``step_s``,
+    the gates come where the algorithm wants them, and at each boundary the trainer waits at
+    the gate until every share is in, ``waits[r]`` after round r began. The codecs each round
+    carried."""
     rng = np.random.default_rng(5)
-    peers = [make(np.zeros(N), DiLoCoConfig(inner_steps=1), compression="sparseloco") for _ in range(2)]
-    names, now, codecs = ["p0", "p1"], 0.0, []
-    for _, alg in peers:
-        assert alg.gate_wanted(1) and alg.may_step(1, now)
-    for wait in waits:
-        now += compute_s
+    peers = [make(np.zeros(N), DiLoCoConfig(inner_steps=2), compression="sparseloco") for _ in range(2)]
+    names, now, codecs, k = ["p0", "p1"], 0.0, [], 0
+    while len(codecs) < len(waits):
+        k, now = k + 1, now + step_s
         sends = {}
         for name, (port, alg) in zip(names, peers):
             port.x -= rng.standard_normal(N).astype(np.float32) * 0.01
-            port.step += 1
-            sends[name] = alg.after_step(port.step, now, [n for n in names if n != name])
-            assert not alg.may_step(port.step + 1, now)  # the trainer waits at the gate
+            port.step = k
+            sends[name] = alg.after_step(k, now, [n for n in names if n != name]) if alg.after_step_wanted(k) else []
+            if alg.gate_wanted(k + 1):
+                assert alg.may_step(k + 1, now) == (not sends[name])  # the trainer waits after a boundary
+        if not any(sends.values()):
+            continue
         codecs.append({s.msg.codec for out in sends.values() for s in out})
-        now += wait
+        now += waits[len(codecs) - 1]
         for name, (port, alg) in zip(names, peers):
             for src, out in sends.items():
                 for s in out:
                     if s.to == name:
                         alg.receive(src, s.msg, now, [n for n in names if n != name])
-            assert alg.may_step(port.step + 1, now)
+            assert alg.may_step(k + 1, now)
     return codecs, peers
 
 

@@ -107,8 +107,8 @@ at 50 and reached 0.80 at 125, as DDP, and stayed ahead of sparseloco alone (0.8
 0.828 at 300); 2 rounds reached it at 150, 3 at 150 (0.797 at 125). The price is int4's bytes
 for those rounds: ~3.4 MB a peer a round there, against ~0.27 MB for sparseloco. So they are
 sent only while the link carries them: a peer stops after a dense round that it waited for
-longer than the period's compute (H x the measured seconds per inner step; for the first round,
-the time since the first step). Each dense round saved about 19 steps of the 75 above, less than
+longer than the period's compute (H x the measured seconds per inner step; in the first round,
+the pace since the first step). Each dense round saved about 19 steps of the 75 above, less than
 a period, so one that costs more than a period loses time. Measured in the lab (bench/slow_links.py, one run,
 all four rounds dense): time to 0.80 16.5 s against 17.7 s without at 100 Mbit/s, but 23.3 s
 against 19.3 s at 20 Mbit/s, where an int4 round takes ~1.4 s against ~0.85 s of compute.
@@ -326,7 +326,7 @@ class DiLoCo(AsynchronousHooks):
         # the first rounds' codec (module docstring, "Dense first rounds"): only where error feedback is
         self._dense = make_compressor(DENSE_CODEC) if feedback and self.options.dense_rounds else None
         self._sent_dense = False  # the round in flight carries our Delta dense
-        self._first_step_at: float | None = None  # the first round's period starts there
+        self._first_step_at: float | None = None  # the first step's end: the first round's pace from there
         self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0,
                                       "rounds_realigned": 0, "dense_rounds": 0}
         self._scatter = None  # the reduce-scatter round (outer_scatter.py): it compresses the slices
@@ -671,9 +671,10 @@ class DiLoCo(AsynchronousHooks):
         step_s = self._schedule.step_s
         if step_s is not None:
             compute = step_s * self._schedule.h
-        elif self._first_step_at is not None and self._first_step_at < self._began_at:
-            compute = self._began_at - self._first_step_at
-        else:  # a joiner's first round: its first step was not step 1
+        elif self._first_step_at is not None and self._first_step_at < self._began_at and self._boundary_step > 1:
+            # the first round: the pace from the first step's end to the boundary
+            compute = (self._began_at - self._first_step_at) / (self._boundary_step - 1) * self._schedule.h
+        else:  # a joiner's first round (its first step was not step 1), or H 1
             return
         if wait > compute:
             self._dense = None
@@ -789,7 +790,7 @@ class DiLoCo(AsynchronousHooks):
     # -- step hooks ---------------------------------------------------------------------------
     def gate_wanted(self, step: int) -> bool:
         h = self._schedule
-        if step == 1 and self._dense is not None:  # when the first period began (_dense_fits)
+        if step == 2 and self._dense is not None:  # the first step's end: the first period's pace (_dense_fits)
             return True
         if self._overlap:  # the step that closes the next period (module docstring, "Overlap")
             return h.is_boundary(step) and step > h.h
