@@ -31,8 +31,11 @@ same way for all):
   (``--log-format json``, every ``--poll`` seconds) carry it (``evaluated_at``,
   ``evaluated_step``; before, they were timed when read, up to an evaluation plus ~1.5 x
   ``--poll`` late);
-- time_to_target_s: first time the curve reaches the task's ``target_accuracy`` (null if it
-  never does within the steps or ``--max-time``);
+- time_to_target_s: when the curve first reaches the task's ``target_accuracy``, interpolated
+  linearly between the evaluation before and the first at or above it (null if it never does
+  within the steps or ``--max-time``); before stop 29, that first evaluation's time, late by up
+  to one evaluation interval (~2.5 s, a quarter of the wide task's ideal bound), by a different
+  amount for each method (_common.time_to_target);
 - train_time_s: when the last peer finished its steps (null if cut off by ``--max-time``);
 - bytes_per_peer: mean over peers of what each put on its link (the bridge-side veth's
   rx_bytes counter: payload plus TCP/IP/Ethernet headers);
@@ -46,7 +49,7 @@ same way for all):
   method is compared after the same number of samples, DDP cut off by --max-time included);
   accuracy_at_fractions: the same at 20%, 40%, 60%, 80% and 100% of ``equal_steps``;
 - x ideal (ideal_s, ideal_high_s): the honest limit, ideal data parallelism: DDP's steps to the
-  target (its step curve's first evaluation at or above it; the fewest over this run's rates,
+  target (interpolated on its step curve as time_to_target_s is; the fewest over this run's rates,
   since exact averaging needs the same steps at any rate and slower rates are evaluated at finer
   step intervals) x compute-only's seconds per step ((train_time_s - start_s) / steps) +
   compute-only's start-up (start_s: launch until the last worker began training). What DDP
@@ -307,6 +310,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     (out / "slow_links.md").write_text(markdown(results, s, wall))
     (out / "slow_links.json").write_text(json.dumps(
         {**summary, "curves": {rate: {m: r.curve for m, r in by.items()} for rate, by in results.items()},
+         "step_curves": {rate: {m: r.step_curve for m, r in by.items()} for rate, by in results.items()},
          "bytes_curves": {rate: {m: r.bytes_curve for m, r in by.items()} for rate, by in results.items()}}, indent=1))
     problem = plot(results, s, out / "slow_links.png")
     log(f"wrote {out / 'slow_links.md'}, {out / 'slow_links.json'}"

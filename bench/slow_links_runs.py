@@ -48,8 +48,8 @@ class Result:
     equal_steps: Optional[int] = None
     accuracy_at_fractions: list[tuple[int, Optional[float]]] = field(default_factory=list)  # (steps, acc) at 20..100% of equal_steps
     start_s: Optional[float] = None  # workers: when the last one began its first step (after imports, data, rendezvous)
-    steps_to_target: Optional[int] = None  # first evaluated step at which the step curve reaches the target
-    steps_to_high: Optional[int] = None
+    steps_to_target: Optional[float] = None  # where the step curve reaches the target (interpolated)
+    steps_to_high: Optional[float] = None
     ideal_s: Optional[float] = None  # the ideal bound at this rate (bench/slow_links.py, "x ideal")
     ideal_high_s: Optional[float] = None
     step_overhead: Optional[float] = None  # train time / compute-only's - 1

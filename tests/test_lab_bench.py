@@ -34,11 +34,14 @@ def test_mean_accuracy_curve_starts_once_every_peer_is_evaluated_and_tracks_late
 
 @pytest.mark.parametrize("curve, target, expected", [
     ([(1.0, 0.3), (2.0, 0.5), (3.0, 0.45)], 0.5, 2.0),
+    ([(1.0, 0.3), (3.0, 0.7), (4.0, 0.45)], 0.5, 2.0),  # between the last point under and the first over
+    ([(1.0, 0.6), (2.0, 0.7)], 0.5, 1.0),  # there at the first point: no earlier one to go back to
+    ([(100, 0.79), (160, 0.82)], 0.8, 120.0),  # a step curve: steps to target
     ([(1.0, 0.3), (2.0, 0.49)], 0.5, None),
     ([], 0.5, None),
 ])
-def test_time_to_target_is_the_first_crossing(curve, target, expected):
-    assert _common.time_to_target(curve, target) == expected
+def test_time_to_target_is_the_first_crossing_interpolated(curve, target, expected):
+    assert _common.time_to_target(curve, target) == pytest.approx(expected)
 
 
 def test_methods_are_compared_at_the_fewest_steps_any_completed():

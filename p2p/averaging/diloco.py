@@ -109,9 +109,12 @@ for those rounds: ~3.4 MB a peer a round there, against ~0.27 MB for sparseloco.
 sent only while the link carries them: a peer stops after a dense round that it waited for
 longer than the period's compute (H x the measured seconds per inner step; in the first round,
 the pace since the first step). Each dense round saved about 19 steps of the 75 above, less than
-a period, so one that costs more than a period loses time. Measured in the lab (bench/slow_links.py, one run,
-all four rounds dense): time to 0.80 16.5 s against 17.7 s without at 100 Mbit/s, but 23.3 s
-against 19.3 s at 20 Mbit/s, where an int4 round takes ~1.4 s against ~0.85 s of compute.
+a period, so one that costs more than a period loses time. Measured in the lab
+(bench/slow_links.py, stop 29, time to 0.80, one run each): with every dense round sent, 16.5 s
+against 17.7 s without at 100 Mbit/s but 23.3 s against 19.3 s at 20 Mbit/s (an int4 round
+~1.4 s there, against ~0.85 s of compute); with the rule, 17.2 against 14.4 s at 100 Mbit/s
+(two dense rounds, the second ~1.3 s: CPU and skew besides the link) and 16.4 against 16.5 s at
+20 Mbit/s (one); unshaped, 12.8 against 14.6 s, and 13.2 against 14.5 s at 1 Gbit/s (all four).
 Receivers decode each share by its own codec, so peers that stop at different rounds, or count
 rounds differently (a joiner), mix the two kinds without harm (p2p/compression/sparse.py,
 "Mixed with dense vectors").
