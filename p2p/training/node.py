@@ -106,6 +106,7 @@ class Node:
                                      evaluated_model=swarm.evaluation_model)
             if self.loop.scaler is not None:
                 swarm.register_state("grad_scaler", self.loop.scaler)
+            swarm.when_waiting(self.loop.evaluate_if_due_soon)  # evaluations beside the outer rounds
             if swarm.resumed_from or swarm.synced:
                 self.loop.evaluate()  # where the run picks up, before any step of this process
                 where = (f"the swarm's state from {swarm.synced.donor}" if swarm.synced

@@ -24,6 +24,7 @@ from p2p.averaging.base import AsynchronousHooks
 from p2p.protocol import Send
 
 _ids = itertools.count()
+IDLE_AFTER_S = 0.005  # a gate not opened within this is held by a round in flight (idle work runs)
 
 
 class StepHooks:
@@ -49,6 +50,9 @@ class StepHooks:
         # synchronous algorithm costs training, as opposed to CPU taken from it (status)
         self.gate_wait_s = 0.0
         self.gate_waits = 0
+        # Run on the trainer's thread when a step gate holds (p2p.Swarm.when_waiting): the
+        # training loop's evaluation, when one is due soon
+        self.idle_work: Callable[[], None] | None = None
         self._context = context or zmq.Context.instance()
         self._endpoint = f"inproc://p2p-step-hooks-{next(_ids)}"
         self.wake_socket = self._context.socket(zmq.PULL)  # polled by the network thread
@@ -76,9 +80,17 @@ class StepHooks:
         started = time.monotonic()
         self._go.clear()
         self._post(kind, step)
+        idle_s = 0.0
+        if self.idle_work is not None and kind == "may_step" and not self._go.wait(IDLE_AFTER_S):
+            # The gate holds (a round in flight): the trainer would sit idle, so the work it has
+            # due runs now, beside the round, instead of after it in the next period, where the
+            # peers that wait for ours at the next round would wait for it too.
+            began = time.monotonic()
+            self.idle_work()
+            idle_s = time.monotonic() - began
         if not self._go.wait(self.gate_timeout_s):
             self.gate_timeouts += 1
-        self.gate_wait_s += time.monotonic() - started
+        self.gate_wait_s += time.monotonic() - started - idle_s
         self.gate_waits += 1
 
     def before_step(self, step: int) -> None:

@@ -151,6 +151,7 @@ class Swarm:
         self._joiner: Optional[StateJoiner] = None
         self._ops: Optional[Any] = None  # the metrics / status page / health endpoint (``metrics``)
         self._outer_model: Optional[torch.nn.Module] = None  # DiLoCo's outer parameters, to evaluate (evaluation_model)
+        self._idle_work: Optional[Callable[[], None]] = None  # when_waiting
         self.synced: Optional[Synced] = None  # what state sync brought (None: nothing fresher was found)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -256,6 +257,7 @@ class Swarm:
         # (a round's deadline follows the link up to ``round_wait_cap``: p2p/averaging/round_deadline.py).
         wait_s = max(avg.exchange_timeout_s, avg.round_timeout_s * rounds, round_wait_cap(avg))
         self.hooks = StepHooks(averager, gate_timeout_s=3 * wait_s)
+        self.hooks.idle_work = self._idle_work
         # Test-only (``hostile``): corrupt what this member sends to its neighbours.
         tamper = Hostile(cfg.hostile, averager.MESSAGES, rng.getrandbits(32)).tamper if cfg.hostile else None
         self._driver = NetworkDriver(transport, self.peer, self.address, self._status_now, self._state_reply,
@@ -314,6 +316,17 @@ class Swarm:
             self.settle()
             self.hooks.training_done(self._step)
         self.linger(self.config.linger_s if linger_s is None else linger_s)
+
+    def when_waiting(self, work: Optional[Callable[[], None]]) -> None:
+        """Run ``work()`` on the training thread whenever ``optimizer.step()`` is held at a gate
+        by an averaging round in flight (DiLoCo's blocking outer round), before waiting out the
+        rest; None: nothing. For what the loop would do next anyway, e.g. an evaluation that is
+        due soon: the round runs beside it, where after the round it would make this peer late for
+        the next one, and every peer waits for the last. The time it takes is not counted as
+        waiting (status ``gate_wait_s``)."""
+        self._idle_work = work
+        if self._driver is not None:
+            self.hooks.idle_work = work
 
     def settle(self) -> None:
         """Wait until no averaging round in flight still moves the model (DiLoCo with overlap

@@ -70,6 +70,13 @@ class TrainingLoop:
         self.settle = settle or (lambda: None)  # before the last evaluation: the averaging round in flight lands
         # the model an evaluation scores (p2p.Swarm.evaluation_model: DiLoCo's outer parameters)
         self.evaluated_model = evaluated_model or (lambda: self.model)
+        self._last_eval = time.monotonic()  # when the last evaluation ended (run() restarts it)
+
+    def evaluate_if_due_soon(self) -> None:
+        """Evaluate now if half the interval has passed: for the moments the trainer would sit
+        idle anyway (p2p.Swarm.when_waiting), so evaluations land there rather than mid-period."""
+        if time.monotonic() - self._last_eval >= self.eval_every_s / 2:
+            self.evaluate()
 
     def evaluate(self) -> None:
         began, started = time.time(), time.monotonic()
@@ -82,6 +89,7 @@ class TrainingLoop:
         self.state.evaluations += 1
         self.state.evaluated_at, self.state.evaluated_step = began, self.steps_done()
         self.state.eval_s += time.monotonic() - started
+        self._last_eval = time.monotonic()
         self.on_report(self.state)
 
     def step(self) -> float:
@@ -110,7 +118,7 @@ class TrainingLoop:
         state = self.state
         self.model.train()
         self.started_at = time.time()
-        start = last_eval = time.monotonic()
+        start = self._last_eval = time.monotonic()
         while not stop.is_set():
             if steps is not None and self.steps_done() >= steps:
                 break
@@ -123,9 +131,8 @@ class TrainingLoop:
             if math.isfinite(value):
                 state.loss = value if math.isnan(state.loss) else 0.95 * state.loss + 0.05 * value
             self.on_report(state)
-            if time.monotonic() - last_eval >= self.eval_every_s:
+            if time.monotonic() - self._last_eval >= self.eval_every_s:
                 self.evaluate()
-                last_eval = time.monotonic()
         if not stop.is_set():
             self.settle()
         self.evaluate()
