@@ -60,6 +60,33 @@ def test_trainer_waits_for_the_gate_and_hooks_run_on_the_serving_side():
     hooks.close()
 
 
+def test_idle_work_runs_while_a_gate_holds_and_is_not_counted_as_waiting():
+    from p2p.training.step_hooks import StepHooks
+
+    averager = GatedAverager()
+    hooks = StepHooks(averager, gate_timeout_s=30)
+    working, may_end = threading.Event(), threading.Event()
+
+    def work():  # e.g. the loop's due evaluation (the round is in flight meanwhile), ~0.3 s
+        working.set()
+        may_end.wait(10)
+        threading.Event().wait(0.3)  # the work's own duration, not a synchronisation
+
+    hooks.idle_work = work
+    trainer = threading.Thread(target=hooks.before_step, args=(1,))
+    trainer.start()
+    serve_once(hooks, averager, [])  # the gate holds: the trainer turns to its idle work
+    assert working.wait(10) and hooks.gate_waits == 0
+    averager.open_step = 1
+    hooks.service(0.0, lambda: ["peer:1"])  # the round ends while the work runs
+    may_end.set()
+    trainer.join(10)
+    assert not trainer.is_alive() and averager.calls == [("may_step", 1)] * 2  # held, then open
+    assert hooks.gate_waits == 1 and hooks.gate_wait_s < 0.3  # the work's 0.3 s is not waiting
+    hooks.close_trainer_side()
+    hooks.close()
+
+
 def test_gate_timeout_is_a_safety_net_not_a_hang():
     from p2p.training.step_hooks import StepHooks
 

@@ -91,9 +91,11 @@ def test_diloco_is_evaluated_on_its_outer_parameters_and_the_others_on_the_model
         assert evaluated is not model
         np.testing.assert_array_equal(params(evaluated), outer)
         assert not np.allclose(params(model), outer)  # the local steps since the outer step
+        assert (swarm.step, swarm.evaluation_step()) == (6, 4)  # labelled with the steps it holds
         user_loop(model, opt, batches(3, 4))  # steps 7-8: an outer step at 8; the copy follows it
         outer = swarm._driver.call(lambda: swarm.peer.averager.outer_parameters.copy())
         np.testing.assert_array_equal(params(swarm.evaluation_model()), outer)
+        assert swarm.evaluation_step() == 8
         np.testing.assert_allclose(params(model), outer, rtol=1e-6, atol=1e-7)  # lr 1, just stepped: theta_start
         user_loop(model, opt, batches(4, 4))  # steps 9-10: local again; `p2p export --peer` takes the outer ones
         exported = from_bytes_unchecked(bytes(swarm._driver.call(swarm._model_reply).data)).model
@@ -102,7 +104,7 @@ def test_diloco_is_evaluated_on_its_outer_parameters_and_the_others_on_the_model
         assert not np.allclose(params(model), outer)
     other = make_model()
     with p2p.Swarm(other, listen="127.0.0.1:0", **FAST) as swarm:
-        assert swarm.evaluation_model() is other
+        assert swarm.evaluation_model() is other and swarm.evaluation_step() == swarm.step
 
 
 def test_alone_diloco_with_auto_inner_steps_starts_at_the_smallest_h_and_shows_it():

@@ -330,6 +330,7 @@ class DiLoCo(AsynchronousHooks):
         self._dense = make_compressor(DENSE_CODEC) if feedback and self.options.dense_rounds else None
         self._sent_dense = False  # the round in flight carries our Delta dense
         self._first_step_at: float | None = None  # the first step's end: the first round's pace from there
+        self.outer_at_step = port.step  # the inner steps the outer parameters hold (p2p.Swarm.evaluation_step)
         self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0,
                                       "rounds_realigned": 0, "dense_rounds": 0}
         self._scatter = None  # the reduce-scatter round (outer_scatter.py): it compresses the slices
@@ -443,6 +444,7 @@ class DiLoCo(AsynchronousHooks):
             start = state_array(state, "theta_start", self.port.numel)
         momentum = state_array(state, "momentum", self.port.numel)
         self._schedule.load_state_dict(state)
+        self.outer_at_step = self.port.step
         self._alone = None
         self._show_schedule()
         residual = None
@@ -758,6 +760,7 @@ class DiLoCo(AsynchronousHooks):
             self._blocked_since = None
         self._payload = ()
         self.stats["outer_steps"] += 1
+        self.outer_at_step = self.port.step if self._done else self._boundary_step
         state = (self._start, self._momentum)
         self._outbox += self._mend.outer_step(self._rounds.round, state, self._watch.mixed_last, now)
         self._apply_repair()

@@ -103,7 +103,7 @@ class Node:
             self.loop = TrainingLoop(self.task, self.model, self.optimizer, self.task.train_batches(cfg.shard, seed),
                                      self.device, cfg.precision, cfg.eval_every_s, cfg.slowdown,
                                      steps_done=lambda: swarm.step, on_report=self._report, settle=swarm.settle,
-                                     evaluated_model=swarm.evaluation_model)
+                                     evaluated_model=swarm.evaluation_model, evaluated_step=swarm.evaluation_step)
             if self.loop.scaler is not None:
                 swarm.register_state("grad_scaler", self.loop.scaler)
             swarm.when_waiting(self.loop.evaluate_if_due_soon)  # evaluations beside the outer rounds

@@ -152,6 +152,7 @@ class Swarm:
         self._ops: Optional[Any] = None  # the metrics / status page / health endpoint (``metrics``)
         self._outer_model: Optional[torch.nn.Module] = None  # DiLoCo's outer parameters, to evaluate (evaluation_model)
         self._idle_work: Optional[Callable[[], None]] = None  # when_waiting
+        self._evaluated_at_step: Optional[int] = None  # evaluation_step
         self.synced: Optional[Synced] = None  # what state sync brought (None: nothing fresher was found)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -421,6 +422,15 @@ class Swarm:
         """Optimizer steps taken through the wrapped optimizer (skipped AMP steps excluded)."""
         return self._step
 
+    def evaluation_step(self) -> int:
+        """The inner steps the last ``evaluation_model()`` holds, to label its evaluation with:
+        with DiLoCo, those of the last outer step (an evaluation while the next round is in
+        flight, ``when_waiting``, scores the model of H steps before); else ``step``."""
+        averager = self.peer.averager if self._driver is not None else None
+        if not hasattr(averager, "outer_parameters") or self._evaluated_at_step is None:
+            return self.step
+        return self._evaluated_at_step
+
     def evaluation_model(self) -> torch.nn.Module:
         """The model to evaluate (and to compare with other methods at a step or a time): with
         DiLoCo, the swarm's outer parameters (theta_start, on which every peer's last outer step
@@ -439,10 +449,12 @@ class Swarm:
         export, read by the network thread meanwhile, the wrong values, and holding the
         parameter lock through an evaluation would stall that thread (membership probes)."""
         averager = self.peer.averager if self._driver is not None else None
+        self._evaluated_at_step = None
         if not hasattr(averager, "outer_parameters"):
             return self.model
-        try:
-            values = self._driver.call(lambda: np.array(averager.outer_parameters, dtype=np.float32))  # a copy
+        try:  # a copy, and the steps it holds
+            values, self._evaluated_at_step = self._driver.call(
+                lambda: (np.array(averager.outer_parameters, dtype=np.float32), averager.outer_at_step))
         except (DriverStopped, DriverBusy):  # stopping: the live model (the last outer step landed in it)
             return self.model
         if self._outer_model is None:

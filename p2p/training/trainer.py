@@ -47,7 +47,8 @@ class TrainingLoop:
                  steps_done: Optional[Callable[[], int]] = None,
                  on_report: Optional[Callable[[LoopState], None]] = None,
                  settle: Optional[Callable[[], None]] = None,
-                 evaluated_model: Optional[Callable[[], torch.nn.Module]] = None) -> None:
+                 evaluated_model: Optional[Callable[[], torch.nn.Module]] = None,
+                 evaluated_step: Optional[Callable[[], int]] = None) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision {precision!r}: choose from {', '.join(PRECISIONS)}")
         self.task, self.model, self.optimizer = task, model, optimizer
@@ -70,6 +71,8 @@ class TrainingLoop:
         self.settle = settle or (lambda: None)  # before the last evaluation: the averaging round in flight lands
         # the model an evaluation scores (p2p.Swarm.evaluation_model: DiLoCo's outer parameters)
         self.evaluated_model = evaluated_model or (lambda: self.model)
+        # the applied steps that model holds (p2p.Swarm.evaluation_step), asked after it
+        self.evaluated_step = evaluated_step or self.steps_done
         self._last_eval = time.monotonic()  # when the last evaluation ended (run() restarts it)
 
     def evaluate_if_due_soon(self) -> None:
@@ -87,7 +90,7 @@ class TrainingLoop:
         self.state.accuracy = float(metrics["accuracy"])
         self.state.eval_loss = float(metrics.get("loss", math.nan))
         self.state.evaluations += 1
-        self.state.evaluated_at, self.state.evaluated_step = began, self.steps_done()
+        self.state.evaluated_at, self.state.evaluated_step = began, self.evaluated_step()
         self.state.eval_s += time.monotonic() - started
         self._last_eval = time.monotonic()
         self.on_report(self.state)
