@@ -166,8 +166,11 @@ def start(
                              slowdown=slowdown, log_format=log_format)
     try:
         node = Node(node_config, task_obj, print_line=print_line)
-    except ValueError as exc:  # e.g. --device cuda without CUDA, a model with integer parameters
+        node.start()  # joins; the task's optimizer is built meanwhile
+    except ValueError as exc:  # e.g. --device cuda without CUDA, a model with integer parameters, a bad lr
         raise CliError(str(exc)) from None
+    except SwarmError as exc:  # port in use, no join peer answered
+        raise CliError(str(exc), code=1) from None
     try:
         node.run()
     except SwarmError as exc:  # port in use, no join peer answered, the network loop failed
