@@ -129,12 +129,12 @@ P2P_CONFIGS: dict[str, list[str]] = {
     "p2p-diloco-sparse-h25": ["--algorithm", "diloco", "--compression", "sparseloco", "--diloco-inner-steps", "25",
                               "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0"],
     # SparseLoCo's round (arXiv:2508.15706): top 2% of each chunk at 2 bits with error feedback,
-    # outer lr 1 and no momentum (its rule): ~13x fewer bytes a round than int4; the swarm's first
-    # 4 rounds int4 (diloco.py, "Dense first rounds")
-    "p2p-diloco-sparse-h25-dense0": ["--algorithm", "diloco", "--compression", "sparseloco", "--diloco-inner-steps",
+    # outer lr 1 and no momentum (its rule): ~13x fewer bytes a round than int4
+    "p2p-diloco-sparse-h25-dense4": ["--algorithm", "diloco", "--compression", "sparseloco", "--diloco-inner-steps",
                                      "25", "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0",
-                                     "--diloco-dense-rounds", "0"],
-    # the same with sparseloco from the first round (before stop 29's dense first rounds)
+                                     "--diloco-dense-rounds", "4"],
+    # the same with the swarm's first 4 rounds int4 while the link carries them (diloco.py, "Dense
+    # first rounds"): sooner at 100 Mbit/s and more, later at 20 Mbit/s (stop 29)
     "p2p-diloco-sparse-h10": ["--algorithm", "diloco", "--compression", "sparseloco", "--diloco-inner-steps", "10",
                               "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0"],
     # the same at H=10: bench/diloco_sweep.py had it at DDP's accuracy from 240 steps on, where H=25

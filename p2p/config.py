@@ -269,7 +269,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("diloco_overlap", "diloco", "overlap", _flag,
             "DiLoCo: run the outer round beside the next inner steps, its update one round late (Streaming DiLoCo; experimental, off by default; one gossip round)."),
     Setting("diloco_dense_rounds", "diloco", "dense_rounds", lambda v: _number(v, low_ok=True, integer=True),
-            "DiLoCo with sparseloco: the swarm's first outer rounds send int4 instead, dense (default 4; 0: sparseloco from the first): 2% of the large early Deltas leaves the model behind."),
+            "DiLoCo with sparseloco: the swarm's first outer rounds send int4 instead, dense, while the link carries them (default 0; 4 pays on links of 100 Mbit/s and more): 2% of the large early Deltas leaves the model behind."),
     Setting("diloco_reduce_scatter", "diloco", "reduce_scatter", _flag,
             "DiLoCo: average each outer round by reduce-scatter + all-gather, 2(N-1)/N model-sizes per peer instead of N-1 (dense codecs, one gossip round; every peer must run with it)."),
     Setting("sgp_push_interval", "sgp", "push_interval_s", lambda v: float(_number(v, low_ok=True)),

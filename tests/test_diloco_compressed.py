@@ -134,13 +134,13 @@ def test_sparseloco_error_feedback_sends_every_deltas_mass_but_its_residual(over
 
 
 def test_sparseloco_sends_its_first_rounds_as_dense_int4_and_a_peer_counting_otherwise_still_agrees():
-    """Dense first rounds (diloco.py): by default the swarm's rounds 0-3 carry int4 and round 4
-    on sparseloco; a peer set to 0 (sparseloco from the first) mixes with them and the copies
-    stay one, error feedback covering both kinds."""
+    """Dense first rounds (diloco.py): with dense_rounds 4 the swarm's rounds 0-3 carry int4 and
+    round 4 on sparseloco; a peer set to 0 (the default: sparseloco from the first) mixes with
+    them and the copies stay one, error feedback covering both kinds."""
     rng = np.random.default_rng(3)
     drifts = [rng.standard_normal(N).astype(np.float32) * 0.01 for _ in range(3)]
-    peers = [make(np.zeros(N), DiLoCoConfig(inner_steps=1), compression="sparseloco") for _ in range(2)]
-    peers.append(make(np.zeros(N), DiLoCoConfig(inner_steps=1, dense_rounds=0), compression="sparseloco"))
+    peers = [make(np.zeros(N), DiLoCoConfig(inner_steps=1, dense_rounds=4), compression="sparseloco") for _ in range(2)]
+    peers.append(make(np.zeros(N), DiLoCoConfig(inner_steps=1), compression="sparseloco"))
     codecs = []  # per round: the codec of each peer's shares
     for k in range(6):
         for (port, _), d in zip(peers, drifts):
@@ -170,7 +170,8 @@ def timed_rounds(waits, step_s=0.5):
     the gate until every share is in, ``waits[r]`` after round r began. The codecs each round
     carried."""
     rng = np.random.default_rng(5)
-    peers = [make(np.zeros(N), DiLoCoConfig(inner_steps=2), compression="sparseloco") for _ in range(2)]
+    peers = [make(np.zeros(N), DiLoCoConfig(inner_steps=2, dense_rounds=4), compression="sparseloco")
+             for _ in range(2)]
     names, now, codecs, k = ["p0", "p1"], 0.0, [], 0
     while len(codecs) < len(waits):
         k, now = k + 1, now + step_s
@@ -208,7 +209,7 @@ def test_dense_rounds_stop_once_one_takes_longer_than_the_compute_it_saves():
     assert codecs == [{"int4"}] * 3 + [{"sparseloco"}]
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, True, "4"])
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "4", None])
 def test_dense_rounds_must_be_a_count(bad):
     with pytest.raises(ValueError, match="dense_rounds"):
         DiLoCoConfig(dense_rounds=bad)

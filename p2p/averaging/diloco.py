@@ -97,8 +97,8 @@ paper's rule but for its decay of e by beta < 1 per round, not done here). With 
 mass that e sends late is amplified: in the simulator (tests/test_avgsim_convergence.py) the
 optimality gap ended at 1.7x the initial one, against 0.03-0.04x with momentum 0.
 
-Dense first rounds (``dense_rounds``, default 4 with ``sparseloco``): the swarm's first outer
-rounds send Q(Delta + e) with int4 instead, dense, error feedback unchanged; sparseloco after
+Dense first rounds (``dense_rounds``, with ``sparseloco``; off by default, 4 for links of
+100 Mbit/s and more): the swarm's first outer rounds send Q(Delta + e) with int4 instead, dense, error feedback unchanged; sparseloco after
 them. Early in a run the Deltas are large and spread over most entries, and 2% of them leaves
 the outer parameters far behind the inner runs: on ``nodes.wide`` (bench/diloco_sweep.py, H 25,
 4 peers, seed 0) sparseloco's outer parameters scored 0.458 at step 50 (compute-only 0.604,
@@ -115,6 +115,10 @@ against 17.7 s without at 100 Mbit/s but 23.3 s against 19.3 s at 20 Mbit/s (an 
 ~1.4 s there, against ~0.85 s of compute); with the rule, 17.2 against 14.4 s at 100 Mbit/s
 (two dense rounds, the second ~1.3 s: CPU and skew besides the link) and 16.4 against 16.5 s at
 20 Mbit/s (one); unshaped, 12.8 against 14.6 s, and 13.2 against 14.5 s at 1 Gbit/s (all four).
+Off by default because of 20 Mbit/s: in four runs with the rule the one dense round sent before
+the link is measured put the run 0-4 s behind at 0.80 (16.4/16.5, 16.3/15.1, 18.5/15.9,
+17.8/13.7 s) and 3-6 s behind at 0.84, while at 100 Mbit/s it was ~2 s ahead in three runs of
+five.
 Receivers decode each share by its own codec, so peers that stop at different rounds, or count
 rounds differently (a joiner), mix the two kinds without harm (p2p/compression/sparse.py,
 "Mixed with dense vectors").
@@ -202,7 +206,6 @@ ROUND_SLACK = 3.0  # a round waits at most this many times its usual wait (modul
 MIN_ROUND_TIMEOUT_S = 2.0
 WAIT_EWMA_ALPHA = 0.2
 MAX_MIXED = 4096  # senders a share's ``mixed`` list may name
-DENSE_ROUNDS = 4  # sparseloco's first rounds sent as int4 (module docstring, "Dense first rounds")
 DENSE_CODEC = "int4"
 
 
@@ -219,8 +222,8 @@ class DiLoCoConfig:
     overlap: bool = False  # the outer round runs beside the next H inner steps (module docstring, "Overlap"; gossip_rounds 1)
     reduce_scatter: bool = False  # the outer round as reduce-scatter + all-gather (outer_scatter.py; gossip_rounds 1)
     # With sparseloco: the swarm's first outer rounds (round numbers below this) send int4,
-    # dense (module docstring, "Dense first rounds"); None: DENSE_ROUNDS with sparseloco, else 0
-    dense_rounds: int | None = None
+    # dense (module docstring, "Dense first rounds"; 4 on links of 100 Mbit/s and more)
+    dense_rounds: int = 0
 
     def __post_init__(self) -> None:
         h = self.inner_steps
@@ -238,19 +241,16 @@ class DiLoCoConfig:
         if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
             raise ValueError("outer_momentum must be in [0, 1)")
         d = self.dense_rounds
-        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 0):
+        if isinstance(d, bool) or not isinstance(d, int) or d < 0:
             raise ValueError(f"dense_rounds must be an integer >= 0, got {d!r}")
 
     def outer_defaults(self, compression: str) -> "DiLoCoConfig":
         """These settings with the outer step the codec calls for where none was given: DiLoCo's
         (Douillard et al., 2023: lr 0.7, Nesterov momentum 0.9), or SparseLoCo's for its codec
         (Sarfi et al., 2025: lr 1, no momentum; module docstring, "Compression")."""
-        feedback = compression in FEEDBACK_CODECS
-        lr, momentum = (1.0, 0.0) if feedback else (0.7, 0.9)
-        dense = DENSE_ROUNDS if feedback else 0
+        lr, momentum = (1.0, 0.0) if compression in FEEDBACK_CODECS else (0.7, 0.9)
         return replace(self, outer_lr=lr if self.outer_lr is None else self.outer_lr,
-                       outer_momentum=momentum if self.outer_momentum is None else self.outer_momentum,
-                       dense_rounds=dense if self.dense_rounds is None else self.dense_rounds)
+                       outer_momentum=momentum if self.outer_momentum is None else self.outer_momentum)
 
 
 @message(28)
