@@ -97,31 +97,8 @@ paper's rule but for its decay of e by beta < 1 per round, not done here). With 
 mass that e sends late is amplified: in the simulator (tests/test_avgsim_convergence.py) the
 optimality gap ended at 1.7x the initial one, against 0.03-0.04x with momentum 0.
 
-Dense first rounds (``dense_rounds``, with ``sparseloco``; off by default, 4 for links of
-100 Mbit/s and more): the swarm's first outer rounds send Q(Delta + e) with int4 instead, dense, error feedback unchanged; sparseloco after
-them. Early in a run the Deltas are large and spread over most entries, and 2% of them leaves
-the outer parameters far behind the inner runs: on ``nodes.wide`` (bench/diloco_sweep.py, H 25,
-4 peers, seed 0) sparseloco's outer parameters scored 0.458 at step 50 (compute-only 0.604,
-DDP 0.678) and reached 0.80 at step 200, DDP at 125. With 4 int4 rounds first they scored 0.661
-at 50 and reached 0.80 at 125, as DDP, and stayed ahead of sparseloco alone (0.836 against
-0.828 at 300); 2 rounds reached it at 150, 3 at 150 (0.797 at 125). The price is int4's bytes
-for those rounds: ~3.4 MB a peer a round there, against ~0.27 MB for sparseloco. So they are
-sent only while the link carries them: a peer stops after a dense round that it waited for
-longer than the period's compute (H x the measured seconds per inner step; in the first round,
-the pace since the first step). Each dense round saved about 19 steps of the 75 above, less than
-a period, so one that costs more than a period loses time. Measured in the lab
-(bench/slow_links.py, stop 29, time to 0.80, one run each): with every dense round sent, 16.5 s
-against 17.7 s without at 100 Mbit/s but 23.3 s against 19.3 s at 20 Mbit/s (an int4 round
-~1.4 s there, against ~0.85 s of compute); with the rule, 17.2 against 14.4 s at 100 Mbit/s
-(two dense rounds, the second ~1.3 s: CPU and skew besides the link) and 16.4 against 16.5 s at
-20 Mbit/s (one); unshaped, 12.8 against 14.6 s, and 13.2 against 14.5 s at 1 Gbit/s (all four).
-Off by default because of 20 Mbit/s: in four runs with the rule the one dense round sent before
-the link is measured put the run 0-4 s behind at 0.80 (16.4/16.5, 16.3/15.1, 18.5/15.9,
-17.8/13.7 s) and 3-6 s behind at 0.84, while at 100 Mbit/s it was ~2 s ahead in three runs of
-five.
-Receivers decode each share by its own codec, so peers that stop at different rounds, or count
-rounds differently (a joiner), mix the two kinds without harm (p2p/compression/sparse.py,
-"Mixed with dense vectors").
+Dense first rounds (``dense_rounds``, with ``sparseloco``; off by default): the swarm's first
+outer rounds send int4 instead while the link carries them (p2p/averaging/outer_dense.py).
 
 theta_start never travels in the rounds on ``full`` (``gossip_rounds`` = 1). Every share carries
 a sketch of the sender's theta_start (a few hundred entries at fixed positions). Peers that mixed
@@ -190,11 +167,12 @@ from p2p.averaging.outer_repair import propagate
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
                                state_array, state_int)
 from p2p.averaging.outer_codec import pack, received_delta
+from p2p.averaging.outer_dense import DenseRounds
 from p2p.averaging.outer_finals import FinalSketches, OuterDone
 from p2p.averaging.robust import RobustMixing
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.bandwidth import BandwidthMonitor
-from p2p.compression import compressor_from_config, make_compressor
+from p2p.compression import compressor_from_config
 from p2p.compression.messages import CompressedFields, compressed_fields
 from p2p.protocol import LocalProtocolError, RemoteProtocolError, Send
 from p2p.wire import message
@@ -206,7 +184,6 @@ ROUND_SLACK = 3.0  # a round waits at most this many times its usual wait (modul
 MIN_ROUND_TIMEOUT_S = 2.0
 WAIT_EWMA_ALPHA = 0.2
 MAX_MIXED = 4096  # senders a share's ``mixed`` list may name
-DENSE_CODEC = "int4"
 
 
 @dataclass(frozen=True)
@@ -326,10 +303,7 @@ class DiLoCo(AsynchronousHooks):
                                      "error feedback covers our own Delta, not an owner's average: outer_scatter.py)")
         self.port = port
         self._compressor = None if config.compression == "none" else compressor_from_config(config)
-        # the first rounds' codec (module docstring, "Dense first rounds"): only where error feedback is
-        self._dense = make_compressor(DENSE_CODEC) if feedback and self.options.dense_rounds else None
-        self._sent_dense = False  # the round in flight carries our Delta dense
-        self._first_step_at: float | None = None  # the first step's end: the first round's pace from there
+        self._dense = DenseRounds(self.options.dense_rounds, feedback)  # the first rounds' codec (outer_dense.py)
         self.outer_at_step = port.step  # the inner steps the outer parameters hold (p2p.Swarm.evaluation_step)
         self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0,
                                       "rounds_realigned": 0, "dense_rounds": 0}
@@ -539,10 +513,7 @@ class DiLoCo(AsynchronousHooks):
         """The round's (theta_start, Delta, momentum), Delta as the neighbours will decode it.
         ``own``: Delta is our own pseudo-gradient, which error feedback tops up (docstring)."""
         self._packed = None
-        compressor = self._compressor
-        if self._dense is not None and self._rounds.next_round() < self.options.dense_rounds:
-            compressor = self._dense  # module docstring, "Dense first rounds"
-        self._sent_dense = compressor is self._dense
+        compressor = self._dense.choose(self._compressor, self._rounds.next_round())
         if compressor is not None:  # the residual is updated in place (outer_codec.py)
             self._packed, delta = pack(compressor, delta, self._residual if own else None)
         self._payload = (start, delta, momentum)
@@ -669,21 +640,6 @@ class DiLoCo(AsynchronousHooks):
             self._wait_ewma = wait if self._wait_ewma is None else (
                 (1 - WAIT_EWMA_ALPHA) * self._wait_ewma + WAIT_EWMA_ALPHA * wait)
 
-    def _dense_fits(self, wait: float) -> None:
-        """A dense round ended after ``wait``: no more of them once one took longer than the
-        period's compute (module docstring, "Dense first rounds")."""
-        self.stats["dense_rounds"] += 1
-        step_s = self._schedule.step_s
-        if step_s is not None:
-            compute = step_s * self._schedule.h
-        elif self._first_step_at is not None and self._first_step_at < self._began_at and self._boundary_step > 1:
-            # the first round: the pace from the first step's end to the boundary
-            compute = (self._began_at - self._first_step_at) / (self._boundary_step - 1) * self._schedule.h
-        else:  # a joiner's first round (its first step was not step 1), or H 1
-            return
-        if wait > compute:
-            self._dense = None
-
     def _poll(self, now: float) -> None:
         if self._scatter is not None and self._scatter.ready(now):
             self._gathered(now)
@@ -698,8 +654,9 @@ class DiLoCo(AsynchronousHooks):
             # outer_schedule.py rule 5), in step and not cut, and its link was fast enough.
             missing = self._wait_for - mixed.senders - self._rounds.moved_on()
             self._observe_wait(mixed, missing, now)
-            if self._sent_dense and not missing:
-                self._dense_fits(now - self._began_at)
+            if self._dense.sent and not missing:
+                self._dense.round_ended(now - self._began_at, self._began_at, self._boundary_step,
+                                        self._schedule.step_s, self._schedule.h, self.stats)
             if self._scatter is None:  # else when the slices are gathered
                 self._watch.note_average(r, mixed.payload[1], mixed, tau is None)
             self._agree_schedule(r, mixed, missing)
@@ -796,7 +753,7 @@ class DiLoCo(AsynchronousHooks):
     # -- step hooks ---------------------------------------------------------------------------
     def gate_wanted(self, step: int) -> bool:
         h = self._schedule
-        if step == 2 and self._dense is not None:  # the first step's end: the first period's pace (_dense_fits)
+        if step == 2 and self._dense.active:  # the first step's end: the first period's pace (outer_dense.py)
             return True
         if self._overlap:  # the step that closes the next period (module docstring, "Overlap")
             return h.is_boundary(step) and step > h.h
@@ -807,8 +764,7 @@ class DiLoCo(AsynchronousHooks):
         return self._schedule.boundary_candidate(step)  # the outer boundaries (after_step checks)
 
     def may_step(self, step: int, now: float) -> bool:
-        if self._first_step_at is None:
-            self._first_step_at = now
+        self._dense.gate(now)
         if self._syncing and self._continue_at == math.inf:
             self._poll(now)
         if self._syncing and self._blocked_since is None:
