@@ -199,7 +199,7 @@ class DiLoCoConfig:
     overlap: bool = False  # the outer round runs beside the next H inner steps (module docstring, "Overlap"; gossip_rounds 1)
     reduce_scatter: bool = False  # the outer round as reduce-scatter + all-gather (outer_scatter.py; gossip_rounds 1)
     # With sparseloco: the swarm's first outer rounds (round numbers below this) send int4,
-    # dense (module docstring, "Dense first rounds"; 4 on links of 100 Mbit/s and more)
+    # dense (outer_dense.py; 4 on links of 100 Mbit/s and more)
     dense_rounds: int = 0
 
     def __post_init__(self) -> None:
