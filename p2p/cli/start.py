@@ -166,11 +166,8 @@ def start(
                              slowdown=slowdown, log_format=log_format)
     try:
         node = Node(node_config, task_obj, print_line=print_line)
-        node.start()  # joins; the task's optimizer is built meanwhile
-    except ValueError as exc:  # e.g. --device cuda without CUDA, a model with integer parameters, a bad lr
+    except ValueError as exc:  # e.g. --device cuda without CUDA, a model with integer parameters
         raise CliError(str(exc)) from None
-    except SwarmError as exc:  # port in use, no join peer answered
-        raise CliError(str(exc), code=1) from None
     try:
         node.run()
     except SwarmError as exc:  # port in use, no join peer answered, the network loop failed

@@ -78,36 +78,8 @@ class Node:
             model = task.make_model()
         self.model = model.to(self.device)
         self.swarm = Swarm(self.model, config.swarm, handle_signals=True)
-        self.optimizer: Optional[torch.optim.Optimizer] = None  # built beside the join (run)
+        self.optimizer = self.swarm.wrap(task.make_optimizer(self.model.parameters()))
         self.loop: Optional[TrainingLoop] = None
-
-    def start(self) -> None:
-        """Join the swarm and build the optimizer at once (``run`` does it if not done): the first optimizer a process builds
-        imports torch._dynamo (~1.5 s of CPU here), which the join's waits (the seed's answer,
-        --min-members, state sync) would otherwise follow. Wrapped once joined: a resumed or
-        synced optimizer state is loaded as it is attached (StateKeeper.attach_optimizer)."""
-        self.swarm.report(task=self.config.task)  # a checkpoint is resumed only for the same task
-        built: dict = {}
-
-        def build() -> None:
-            try:
-                built["optimizer"] = self.task.make_optimizer(self.model.parameters())
-            except BaseException as exc:  # raised on the main thread below
-                built["error"] = exc
-
-        builder = threading.Thread(target=build, name="p2p-optimizer", daemon=True)
-        builder.start()
-        try:
-            self.swarm.start()
-        finally:
-            builder.join()
-        if "error" in built:
-            self.swarm.close(linger_s=0.0, checkpoint=False)
-            exc = built["error"]
-            if isinstance(exc, (ValueError, TypeError)):  # the task's optimizer settings: a message, not a traceback
-                raise ValueError(f"task {self.config.task}: make_optimizer: {exc}") from exc
-            raise exc
-        self.optimizer = self.swarm.wrap(built["optimizer"])
 
     def _report(self, state: LoopState) -> None:
         self.swarm.report(loss=state.loss, accuracy=state.accuracy, eval_loss=state.eval_loss)
@@ -115,8 +87,8 @@ class Node:
     def run(self) -> None:
         """Join, train, linger, stop. Raises JoinError if no seed answers in time."""
         cfg, swarm = self.config, self.swarm
-        if self.optimizer is None:
-            self.start()
+        swarm.report(task=cfg.task)
+        swarm.start()
         progress = threading.Thread(target=self._progress, name="p2p-progress", daemon=True)
         try:
             if cfg.log_format == "json":
