@@ -374,6 +374,10 @@ def check_runnable(config: SwarmConfig) -> None:
     if getattr(config.options, "reduce_scatter", False) and config.topology_name != "full":
         raise SettingError("diloco_reduce_scatter", f"needs --topology full (every peer owns a slice of everyone's "
                                                     f"Delta), not {config.topology_name}")
+    codec = config.averaging.compression
+    if getattr(config.options, "dense_rounds", 0) and codec != "sparseloco":
+        raise SettingError("diloco_dense_rounds", f"needs --compression sparseloco (the dense rounds stand in for its "
+                                                  f"first sparse ones), not {codec}")
     try:
         make_averager(name, config.averaging, _ProbePort(), random.Random(0), 0.0, options=config.options)
     except (ValueError, LocalProtocolError) as exc:

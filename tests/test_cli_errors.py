@@ -63,6 +63,8 @@ BAD_FLAGS = [
      "sparseloco block must be an int in [1, 16384]"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--compression", "sparseloco", "--diloco-reduce-scatter"],
      "diloco reduce-scatter takes the dense codecs, not 'sparseloco'"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--compression", "int4", "--diloco-dense-rounds", "4"],
+     "--diloco-dense-rounds: needs --compression sparseloco"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--topology", "ring", "--diloco-reduce-scatter"],
      "--diloco-reduce-scatter: needs --topology full"),
 ]
