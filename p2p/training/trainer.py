@@ -73,12 +73,17 @@ class TrainingLoop:
         self.evaluated_model = evaluated_model or (lambda: self.model)
         # the applied steps that model holds (p2p.Swarm.evaluation_step), asked after it
         self.evaluated_step = evaluated_step or self.steps_done
-        self._last_eval = time.monotonic()  # when the last evaluation ended (run() restarts it)
+        # When the next evaluation is due (monotonic; run() restarts it): ``eval_every_s`` after
+        # the last one ended, as bench/compute_only.py and a user's own loop schedule them
+        self._eval_due = time.monotonic() + eval_every_s
 
     def evaluate_if_due_soon(self) -> None:
-        """Evaluate now if half the interval has passed: for the moments the trainer would sit
-        idle anyway (p2p.Swarm.when_waiting), so evaluations land there rather than mid-period."""
-        if time.monotonic() - self._last_eval >= self.eval_every_s / 2:
+        """Evaluate now if the next evaluation is due within half an interval: for the moments
+        the trainer would sit idle anyway (p2p.Swarm.when_waiting), so evaluations land there
+        rather than mid-period. It stands in for the one due: the one after is scheduled as if
+        this one had run on time, so evaluating early never evaluates more often (each costs
+        tens of steps' compute on a small model, and on a shared machine other peers' steps)."""
+        if time.monotonic() >= self._eval_due - self.eval_every_s / 2:
             self.evaluate()
 
     def evaluate(self) -> None:
@@ -91,8 +96,11 @@ class TrainingLoop:
         self.state.eval_loss = float(metrics.get("loss", math.nan))
         self.state.evaluations += 1
         self.state.evaluated_at, self.state.evaluated_step = began, self.evaluated_step()
-        self.state.eval_s += time.monotonic() - started
-        self._last_eval = time.monotonic()
+        ended = time.monotonic()
+        self.state.eval_s += ended - started
+        # on time or late: eval_every_s after this one ended; early (at a gate): after when the
+        # one it stands in for would have ended
+        self._eval_due = max(started, self._eval_due) + (ended - started) + self.eval_every_s
         self.on_report(self.state)
 
     def step(self) -> float:
@@ -121,7 +129,8 @@ class TrainingLoop:
         state = self.state
         self.model.train()
         self.started_at = time.time()
-        start = self._last_eval = time.monotonic()
+        start = time.monotonic()
+        self._eval_due = start + self.eval_every_s
         while not stop.is_set():
             if steps is not None and self.steps_done() >= steps:
                 break
@@ -134,7 +143,7 @@ class TrainingLoop:
             if math.isfinite(value):
                 state.loss = value if math.isnan(state.loss) else 0.95 * state.loss + 0.05 * value
             self.on_report(state)
-            if time.monotonic() - self._last_eval >= self.eval_every_s:
+            if time.monotonic() >= self._eval_due:
                 self.evaluate()
         if not stop.is_set():
             self.settle()
