@@ -182,6 +182,22 @@ def test_nodes_started_together_ask_again_soon_and_then_less_often():
     assert j.phase == DONE and j.outcome.data is None and net.now <= 5.75 + 2.0 + 0.05
 
 
+def test_a_chain_launched_together_asks_the_member_with_state_at_once():
+    """Nodes launched together, each joining the one before: our join address b is syncing
+    through a itself. Its offer names a (offered_members: its join address while it knows no
+    member), so we ask a in the same round and are done without a pause to ask again."""
+    from p2p.training.joining import offered_members
+    a = Donor("a:1", step=0)  # the first member: holds state, nothing fresher than ours
+    b = Donor("b:1", step=0, servable=False, members=offered_members([], ["a:1"]))
+    net = Net(joiner(["b:1"], config=SyncConfig(chunk_bytes=1000, query_timeout_s=2.0)), [a, b], None)
+    j = net.run(until=10.0, step=0.01)
+    assert j.phase == DONE and j.outcome.data is None and net.now <= 0.01 + 1e-9
+    assert [type(m).__name__ for m in net.sent].count("SyncQuery") == 2  # b, then a through b's offer
+    # once it knows members, those are what it names (a dead join address would cost a joiner
+    # a query timeout)
+    assert offered_members(["c:1", "d:1"], ["a:1"]) == ["c:1", "d:1"]
+
+
 def test_nothing_fresher_means_keep_our_own():
     j = Net(joiner(["a:1"], own_step=800), [Donor("a:1", step=800)], None).run()
     assert j.phase == DONE and j.outcome.data is None

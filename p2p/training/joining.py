@@ -14,7 +14,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -84,6 +84,16 @@ def sync_state(driver: NetworkDriver, peer: Peer, config: SwarmConfig, model: to
             continue
         return Synced(state, outcome.donor, outcome.crc, len(outcome.data), time.monotonic() - started)
     raise SwarmError(f"state sync failed: the states of {', '.join(sorted(excluded))} do not fit this model")
+
+
+def offered_members(alive: list[str], join: Sequence[str]) -> list[str]:
+    """The addresses our state offers name (a joiner asks them too): the live members, or, while
+    we know none (we are joining ourselves), the addresses we join through. Nodes launched
+    together in a chain (each joins the one before, as the lab and LocalSwarm start them) were
+    each told "nothing yet, ask again" by a member still syncing, and asked again after 0.25,
+    0.5, 1 s...: the last of four began training ~1.8 s after the first at 20 Mbit/s
+    (bench/slow_links.py). Pointed at the member we ask, a joiner asks the one with state now."""
+    return alive or list(join)
 
 
 def wait_joined(driver: NetworkDriver, peer: Peer, config: SwarmConfig, stop: threading.Event,

@@ -69,7 +69,7 @@ from p2p.statesync import StateDonor, StateJoiner
 from p2p.topology import get_topology
 from p2p.training.checkpoints import CheckpointStore
 from p2p.training.flat import FlatParams
-from p2p.training.joining import JoinError, Synced, SwarmError, sync_state, wait_joined
+from p2p.training.joining import JoinError, Synced, SwarmError, offered_members, sync_state, wait_joined
 from p2p.training.keeper import StateKeeper
 from p2p.training.optimizer import SwarmOptimizer
 from p2p.training.signal_stop import SignalStop
@@ -250,7 +250,7 @@ class Swarm:
         if restored is not None:
             self._load_algorithm_state(averager, restored, "checkpoint")
         donor = StateDonor(cfg.sync, self._describe_state, self._capture_for_peer,
-                           lambda: [m.addr for m in membership.alive()])
+                           lambda: offered_members([m.addr for m in membership.alive()], cfg.join))
         self.peer = Peer(self.address, membership, averager, get_topology(cfg.topology_name), donor)
         avg = cfg.averaging
         rounds = getattr(cfg.algorithm_options, "gossip_rounds", 1)
