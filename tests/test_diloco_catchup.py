@@ -179,7 +179,7 @@ def test_a_donor_flooding_shares_past_the_budget_is_refused():
     p = puller(0, 2, budget=budget)
     p.tick(0.0)
     big = make_compressor("sparseloco").compress(np.random.default_rng(1).standard_normal(N).astype(np.float32))
-    senders = tuple(f"s{i:03d}" for i in range(200))
+    senders = tuple(f"s{i:03d}" for i in range(400))
     with pytest.raises(RemoteProtocolError) as err:
         for s in senders:  # a set far larger than any round's: kept packed until the budget says no
             p.receive("d", CatchUpShare(**compressed_fields(big), round=1, sender=s, mixed=senders, model_key=KEY), 0.1)

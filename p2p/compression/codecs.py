@@ -57,6 +57,7 @@ import numpy as np
 from p2p.compression.kernels import (CHUNK, bf16_bits, bf16_to_float32, block_absmax, block_abssum, f16_bits,
                                      f16_to_float32, nblocks, per_element, rows_top_k, sort_rows_u16, spans,
                                      top_k_indices)
+from p2p.compression.sparse_wire import packed_size
 from p2p.protocol import LocalProtocolError, RemoteProtocolError
 
 MAX_NUMEL = 2**31 - 1  # topk indices are int32
@@ -74,6 +75,9 @@ class Compressed:
 
     @property
     def nbytes(self) -> int:
+        """Payload bytes on the wire (its tensor frames): sparseloco's codes travel packed."""
+        if self.codec == SparseLoCo.name:
+            return packed_size(self.numel, *self.meta) + int(self.arrays[1].nbytes)
         return sum(int(a.nbytes) for a in self.arrays)
 
 
@@ -458,13 +462,21 @@ class SparseLoCo(_Codec):
         codes[:] = sort_rows_u16(((cols << 2) | ((kept < 0) << 1) | high).astype(np.uint16)).ravel()
 
     @staticmethod
-    def check(c: Compressed) -> None:
-        meta = c.meta
+    def layout(numel: object, meta: object) -> tuple[int, int]:
+        """(block, k) of a received record's meta, checked with its numel (before its codes are
+        unpacked from the wire: sparse_wire.py)."""
+        if isinstance(numel, bool) or not isinstance(numel, int) or not 0 <= numel <= MAX_NUMEL:
+            _fail("bad_payload", f"numel {numel!r}")
         if not isinstance(meta, tuple) or len(meta) != 2 or any(isinstance(m, bool) or not isinstance(m, int) for m in meta):
             _fail("bad_payload", "sparseloco: meta must be (block, k), ints")
         block, k = meta
         if not 1 <= block <= MAX_SPARSE_BLOCK or not 1 <= k <= block:
             _fail("bad_payload", f"sparseloco: block {block} / k {k} outside 1 <= k <= block <= {MAX_SPARSE_BLOCK}")
+        return block, k
+
+    @staticmethod
+    def check(c: Compressed) -> None:
+        block, k = SparseLoCo.layout(c.numel, c.meta)
         chunks, kept, _ = _sparse_layout(c.numel, block, k)
         codes, levels = c.arrays
         _want(codes, "codes", "uint16", kept)

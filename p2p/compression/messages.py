@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from p2p.compression.codecs import COMPRESSORS, Compressed, validate
+from p2p.compression.codecs import COMPRESSORS, Compressed, SparseLoCo, validate
+from p2p.compression.sparse_wire import pack_codes, unpack_codes
 from p2p.protocol import RemoteProtocolError
 from p2p.wire import message
 
@@ -36,27 +37,36 @@ class CompressedFields:
     aux: np.ndarray
 
     def __post_init__(self) -> None:
-        validate(self.payload())
+        payload = self._unpacked()
+        validate(payload)
+        object.__setattr__(self, "_payload", payload)  # sparseloco's codes are unpacked once
 
     def payload(self) -> Compressed:
         """The carried record (validated at construction; arrays are views of the received
-        frames, read-only)."""
+        frames, read-only, but sparseloco's codes, unpacked from the wire's: sparse_wire.py)."""
+        return self._payload
+
+    def _unpacked(self) -> Compressed:
         cls = COMPRESSORS.get(self.codec) if isinstance(self.codec, str) else None
         if cls is None:
             raise RemoteProtocolError("unknown_codec", f"codec {self.codec!r}")
+        meta = tuple(self.meta) if isinstance(self.meta, (tuple, list)) else self.meta
         if cls.ARRAYS == 1:
             if not isinstance(self.aux, np.ndarray) or self.aux.size:
                 raise RemoteProtocolError("bad_payload", f"{self.codec} carries no aux array")
             arrays: tuple = (self.data,)
+        elif cls is SparseLoCo:
+            arrays = (unpack_codes(self.data, self.numel, *SparseLoCo.layout(self.numel, meta)), self.aux)
         else:
             arrays = (self.data, self.aux)
-        meta = tuple(self.meta) if isinstance(self.meta, (tuple, list)) else self.meta
         return Compressed(self.codec, self.numel, arrays, meta)
 
 
 def compressed_fields(c: Compressed) -> dict[str, Any]:
-    """Keyword arguments for a ``CompressedFields`` subclass carrying ``c``."""
-    return {"codec": c.codec, "numel": c.numel, "meta": tuple(c.meta), "data": c.arrays[0],
+    """Keyword arguments for a ``CompressedFields`` subclass carrying ``c`` (sparseloco's codes
+    packed for the wire: sparse_wire.py)."""
+    data = pack_codes(c.arrays[0], c.numel, *c.meta) if c.codec == SparseLoCo.name else c.arrays[0]
+    return {"codec": c.codec, "numel": c.numel, "meta": tuple(c.meta), "data": data,
             "aux": c.arrays[1] if len(c.arrays) > 1 else _NO_AUX}
 
 
