@@ -574,7 +574,7 @@ def test_arbitrary_payloads_validate_or_raise_remote_error_only(codec, numel, me
 @given(st.integers(1, 20_000), st.sampled_from([1, 4, 16, 100, 4096, 2**14]), st.floats(1e-4, 1.0))
 def test_sparseloco_codes_travel_packed_and_come_back_the_same(numel, block, fraction):
     """Elias-Fano offsets and 2-bit values (sparse_wire.py): what a peer unpacks is exactly what
-    was packed, in the size the layout says (test_compressed_sizes: 9.8 bits an entry at 2% of
+    was packed, in the size the layout says (test_compressed_sizes: 9.6 bits an entry at 2% of
     4096, where the in-memory code takes 16)."""
     x = np.random.default_rng(numel).standard_normal(numel).astype(np.float32)
     c = make_compressor("sparseloco", fraction=fraction, block=block).compress(x)
