@@ -54,12 +54,16 @@ def emit(record: dict[str, Any]) -> None:
 
 def train(task: Any, model: torch.nn.Module, forward_model: torch.nn.Module, optimizer: Any,
           batches: Iterable[tuple], steps: int, eval_every_s: float, evaluate: bool,
-          iface: str = "eth0", after_step: Optional[Callable[[int], None]] = None) -> None:
+          iface: str = "eth0", after_step: Optional[Callable[[int], None]] = None,
+          progress_every_s: float = 0.5) -> None:
     """The worker loop: ``steps`` optimizer steps; every ``eval_every_s`` (and at the end) a
-    held-out evaluation of ``model`` if ``evaluate``, else a progress line without accuracy."""
+    held-out evaluation of ``model`` if ``evaluate``, else a progress line without accuracy.
+    Between them a progress line (step, no accuracy) every ``progress_every_s``, as a p2p node's
+    ``--log-every``: steps/s over short windows (bench/slow_links_windows.py) then compare at the
+    same resolution (with evaluation lines only, a worker's windows were smoothed over ~2.5 s)."""
     model.train()
     it = iter(batches)
-    start = last_eval = time.monotonic()
+    start = last_eval = last_line = time.monotonic()
     ema = math.nan
     eval_s = 0.0  # wall seconds spent evaluating (the done record's eval_s, as a p2p node's last line)
 
@@ -90,9 +94,14 @@ def train(task: Any, model: torch.nn.Module, forward_model: torch.nn.Module, opt
         ema = value if math.isnan(ema) else 0.95 * ema + 0.05 * value
         if after_step is not None:
             after_step(step)
-        if time.monotonic() - last_eval >= eval_every_s and step < steps:
+        now = time.monotonic()
+        if now - last_eval >= eval_every_s and step < steps:
             report(step)
-            last_eval = time.monotonic()
+            last_eval = last_line = time.monotonic()
+        elif now - last_line >= progress_every_s and step < steps:
+            emit({"t": time.time(), "step": step, "loss": ema, "tx_bytes": iface_tx_bytes(iface),
+                  "elapsed_s": now - start})
+            last_line = now
     report(steps, final=True)
 
 

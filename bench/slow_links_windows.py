@@ -1,0 +1,89 @@
+"""Steps per second over short windows of a bench/slow_links.py run, against compute-only's.
+
+Issue 16 asks that training at 20 Mbit/s stay within 10% of compute-only's steps/s throughout
+the run, not only on average: a stall of a few seconds hides in a 40-s mean. This reads the
+per-peer logs a run left (``bench/out/logs/STAMP/RATE/METHOD/peerI.log``: p2p nodes' JSON
+progress lines every ``--poll`` seconds, the workers' lines every 0.5 s, bench/_common.py) and,
+per peer, the steps/s of every ``--window``-second window (sliding by a quarter of it) of its
+training phase (its first step to its last), interpolated between lines. Per rate and method it
+prints the median, 10th percentile and lowest window over all peers, and each as a share of
+compute-only's median window (compute-only runs once per benchmark; the first one found).
+
+Evaluations pause every method alike (each ~0.5 s on the wide task, every --eval-every
+seconds), so a window that holds one is lower for compute-only too: compare the columns with
+compute-only's own row. Runs made before the workers logged every 0.5 s have compute-only
+windows smoothed over its evaluations (~2.5 s).
+
+    python bench/slow_links_windows.py bench/out/logs/STAMP [--window 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+
+def progress(path: Path) -> list[tuple[float, int]]:
+    """(wall time, step) of every progress-like line of one peer's log."""
+    points = []
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        t, step = rec.get("t", rec.get("time")), rec.get("step")
+        if isinstance(t, (int, float)) and isinstance(step, int) and rec.get("event") in (None, "progress", "done"):
+            points.append((float(t), step))
+    return sorted(points)
+
+
+def windows(points: list[tuple[float, int]], width: float) -> np.ndarray:
+    """Steps/s of every ``width``-second window of the training phase, sliding by width / 4."""
+    if len(points) < 2:
+        return np.empty(0)
+    t = np.array([p[0] for p in points])
+    s = np.array([p[1] for p in points], dtype=float)
+    first, last = t[np.argmax(s > 0)], t[np.argmax(s >= s.max())]
+    starts = np.arange(first, last - width, width / 4)
+    return (np.interp(starts + width, t, s) - np.interp(starts, t, s)) / width
+
+
+def report(run_dir: Path, width: float) -> list[dict]:
+    rows, base = [], None
+    for rate_dir in sorted(p for p in run_dir.iterdir() if p.is_dir()):
+        for method_dir in sorted(p for p in rate_dir.iterdir() if p.is_dir()):
+            per_peer = [windows(progress(log), width) for log in sorted(method_dir.glob("peer*.log"))]
+            rates = np.concatenate([w for w in per_peer if w.size] or [np.empty(0)])
+            if not rates.size:
+                continue
+            rows.append({"rate": rate_dir.name, "method": method_dir.name, "median": float(np.median(rates)),
+                         "p10": float(np.percentile(rates, 10)), "lowest": float(rates.min()), "windows": int(rates.size)})
+            if method_dir.name == "compute_only" and base is None:
+                base = rows[-1]["median"]
+    for row in rows:
+        for key in ("median", "p10", "lowest"):
+            row[f"{key}_x"] = round(row[key] / base, 3) if base else None
+    return rows
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", type=Path, help="bench/out/logs/STAMP of a bench/slow_links.py run")
+    ap.add_argument("--window", type=float, default=4.0, help="window width in seconds")
+    args = ap.parse_args(argv)
+    rows = report(args.run_dir, args.window)
+    print(f"steps/s per peer over {args.window:g}-s windows (x: share of compute-only's median window)")
+    print("| rate | method | median | 10th percentile | lowest | windows |\n| --- | --- | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        cells = [f"{r[k]:.1f}" + (f" ({r[k + '_x']:.2f}x)" if r[k + "_x"] is not None else "") for k in ("median", "p10", "lowest")]
+        print(f"| {r['rate']} | {r['method']} | {' | '.join(cells)} | {r['windows']} |")
+
+
+if __name__ == "__main__":
+    main()
