@@ -124,7 +124,10 @@ def test_a_joiner_whose_donor_dies_mid_transfer_completes_from_another(tmp_path)
 
 def test_a_whole_swarm_killed_at_once_restarts_where_it_was(tmp_path):
     dirs = [tmp_path / f"ckpt{i}" for i in range(3)]
-    args = FAST + ["--linger", "-1", "--steps", "100000", "--checkpoint-every", "0.5"]
+    # --min-members 3: the first node back does not train alone on its shard while the others
+    # start (once that ran thousands of steps ahead, and the freshest state, which the others
+    # then took, had drifted 7 points under where the swarm was)
+    args = FAST + ["--linger", "-1", "--steps", "100000", "--checkpoint-every", "0.5", "--min-members", "3"]
     per_peer = [["--shard", f"{i}/3", "--checkpoint-dir", str(d)] for i, d in enumerate(dirs)]
     with LocalSwarm(3, tmp_path, args, per_peer_args=per_peer) as swarm:
         swarm.start()
