@@ -67,11 +67,11 @@ def train(task: Any, model: torch.nn.Module, forward_model: torch.nn.Module, opt
     ema = math.nan
     eval_s = 0.0  # wall seconds spent evaluating (the done record's eval_s, as a p2p node's last line)
 
-    def report(step: int, final: bool = False) -> None:
+    def report(step: int, final: bool = False, evaluated: bool = True) -> None:
         nonlocal eval_s
         record: dict[str, Any] = {"t": time.time(), "step": step, "loss": ema,
                                   "tx_bytes": iface_tx_bytes(iface), "elapsed_s": time.monotonic() - start}
-        if evaluate:
+        if evaluate and evaluated:
             began = time.monotonic()
             model.eval()
             metrics = task.evaluate(model, "cpu")
@@ -99,8 +99,7 @@ def train(task: Any, model: torch.nn.Module, forward_model: torch.nn.Module, opt
             report(step)
             last_eval = last_line = time.monotonic()
         elif now - last_line >= progress_every_s and step < steps:
-            emit({"t": time.time(), "step": step, "loss": ema, "tx_bytes": iface_tx_bytes(iface),
-                  "elapsed_s": now - start})
+            report(step, evaluated=False)
             last_line = now
     report(steps, final=True)
 

@@ -20,23 +20,22 @@ windows smoothed over its evaluations (~2.5 s).
 from __future__ import annotations
 
 import argparse
-import json
+import os
+import sys
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common  # noqa: E402
+
 
 def progress(path: Path) -> list[tuple[float, int]]:
     """(wall time, step) of every progress-like line of one peer's log."""
     points = []
-    for line in path.read_text(errors="replace").splitlines():
-        if not line.startswith("{"):
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for rec in _common.read_jsonl(path):
         t, step = rec.get("t", rec.get("time")), rec.get("step")
         if isinstance(t, (int, float)) and isinstance(step, int) and rec.get("event") in (None, "progress", "done"):
             points.append((float(t), step))
@@ -77,7 +76,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("run_dir", type=Path, help="bench/out/logs/STAMP of a bench/slow_links.py run")
     ap.add_argument("--window", type=float, default=4.0, help="window width in seconds")
     args = ap.parse_args(argv)
+    if not args.run_dir.is_dir():
+        ap.error(f"{args.run_dir}: not a directory (want bench/out/logs/STAMP of a bench/slow_links.py run)")
+    if not args.window > 0:
+        ap.error(f"--window must be > 0 seconds, got {args.window:g}")
     rows = report(args.run_dir, args.window)
+    if not rows:
+        ap.error(f"{args.run_dir}: no RATE/METHOD/peerI.log with progress lines under it")
     print(f"steps/s per peer over {args.window:g}-s windows (x: share of compute-only's median window)")
     print("| rate | method | median | 10th percentile | lowest | windows |\n| --- | --- | ---: | ---: | ---: | ---: |")
     for r in rows:

@@ -20,6 +20,7 @@ import _common  # noqa: E402
 import slow_links  # noqa: E402
 import slow_links_report  # noqa: E402
 import slow_links_runs  # noqa: E402
+import slow_links_windows  # noqa: E402
 
 PREFIX = f"p2pb{os.getpid() % 100000}"
 SUBNET = f"10.75.{os.getpid() % 250}.0/24"
@@ -229,3 +230,24 @@ def test_a_nodes_json_progress_line_times_its_accuracy_by_the_evaluation():
                  '"train_ended_at": 200.0, "evaluations": 41, "eval_s": 30.5, "network_cpu_s": 12.5}')
     assert (last["phase"], last["eval_s"], last["train_ended_at"]) == ("done", 30.5, 200.0)
     assert parse('{"event": "resumed", "step": 3}') is None and parse("{not json") is None
+
+
+def test_short_windows_show_a_stall_that_the_mean_hides(tmp_path):
+    """bench/slow_links_windows.py: 100 steps/s for 20 s with a 2-s stall in the middle (a mean
+    of 90 steps/s) has a lowest 4-s window of half the rate; compute-only's steady 100 steps/s
+    is the reference every share is taken of."""
+    def log(path, stall):
+        path.parent.mkdir(parents=True)
+        t, step, lines = 1000.0, 0, []
+        while step < 1800:
+            lines.append(json.dumps({"t": t, "step": step}))
+            t += 0.5
+            step += 0 if stall and 1009.0 <= t < 1011.0 else 50  # 2 s without steps
+        path.write_text("\n".join(lines) + "\n" + json.dumps({"time": t, "step": step, "event": "done"}) + "\n")
+
+    log(tmp_path / "20mbit" / "compute_only" / "peer0.log", stall=False)
+    log(tmp_path / "20mbit" / "p2p-x" / "peer0.log", stall=True)
+    rows = {r["method"]: r for r in slow_links_windows.report(tmp_path, 4.0)}
+    assert rows["compute_only"]["median"] == pytest.approx(100.0) and rows["compute_only"]["lowest_x"] == pytest.approx(1.0)
+    assert rows["p2p-x"]["median_x"] == pytest.approx(1.0)
+    assert rows["p2p-x"]["lowest_x"] == pytest.approx(0.5, abs=0.01)

@@ -58,7 +58,7 @@ import numpy as np
 from p2p.compression.kernels import (CHUNK, bf16_bits, bf16_to_float32, block_absmax, block_abssum, f16_bits,
                                      f16_to_float32, nblocks, per_element, rows_top_k, sort_rows_u16, spans,
                                      top_k_indices)
-from p2p.compression.sparse_wire import packed_size
+from p2p.compression.sparse_wire import packed_size, sparse_layout
 from p2p.protocol import LocalProtocolError, RemoteProtocolError
 
 MAX_NUMEL = 2**31 - 1  # topk indices are int32
@@ -396,16 +396,6 @@ class TopK(_Codec):
 MAX_SPARSE_BLOCK = 1 << 14  # a sparseloco offset takes 14 bits of a uint16, the 2-bit code the other 2
 
 
-def _sparse_layout(numel: int, block: int, k: int) -> tuple[int, int, int]:
-    """(chunks, kept entries, entries of the last chunk) of a sparseloco record: every chunk
-    keeps k entries, the last one, of length L <= block, ceil(k L / block) (the same density)."""
-    chunks = nblocks(numel, block)
-    if not chunks:
-        return 0, 0, 0
-    last = -(-k * (numel - (chunks - 1) * block) // block)
-    return chunks, (chunks - 1) * k + last, last
-
-
 class SparseLoCo(_Codec):
     """Chunked top-k with 2-bit values, after SparseLoCo (Sarfi et al., arXiv:2508.15706, 2025).
 
@@ -433,7 +423,7 @@ class SparseLoCo(_Codec):
     def compress(self, x: np.ndarray) -> Compressed:
         x = _flat32(x)
         n, block, k = x.size, self.block, self.k
-        chunks, kept, k_last = _sparse_layout(n, block, k)
+        chunks, kept, k_last = sparse_layout(n, block, k)
         codes = np.empty(kept, dtype=np.uint16)
         levels = np.empty(2 * chunks, dtype=np.float32)
         full = n // block
@@ -478,7 +468,7 @@ class SparseLoCo(_Codec):
     @staticmethod
     def check(c: Compressed) -> None:
         block, k = SparseLoCo.layout(c.numel, c.meta)
-        chunks, kept, _ = _sparse_layout(c.numel, block, k)
+        chunks, kept, _ = sparse_layout(c.numel, block, k)
         codes, levels = c.arrays
         _want(codes, "codes", "uint16", kept)
         _want(levels, "levels", "float32", 2 * chunks)

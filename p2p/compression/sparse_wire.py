@@ -25,13 +25,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from p2p.compression.kernels import nblocks
 from p2p.protocol import RemoteProtocolError
+
+
+def sparse_layout(numel: int, block: int, k: int) -> tuple[int, int, int]:
+    """(chunks, kept entries, entries of the last chunk) of a sparseloco record (codecs.py,
+    ``SparseLoCo``): every chunk keeps k entries, the last one, of length L <= block,
+    ceil(k L / block) (the same density)."""
+    chunks = nblocks(numel, block)
+    if not chunks:
+        return 0, 0, 0
+    last = -(-k * (numel - (chunks - 1) * block) // block)
+    return chunks, (chunks - 1) * k + last, last
 
 
 def _layout(numel: int, block: int, k: int) -> tuple[int, int, int, int, int]:
     """(chunks, kept, entries of the last chunk, low bits, high buckets of a whole chunk)."""
-    from p2p.compression.codecs import _sparse_layout
-    chunks, kept, k_last = _sparse_layout(numel, block, k)
+    chunks, kept, k_last = sparse_layout(numel, block, k)
     low = max(0, (block // k).bit_length() - 1)
     return chunks, kept, k_last, low, -(-block >> low)
 
