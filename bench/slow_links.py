@@ -135,6 +135,11 @@ P2P_CONFIGS: dict[str, list[str]] = {
                                      "--diloco-dense-rounds", "4"],
     # the same with the swarm's first 4 rounds int4 while the link carries them (diloco.py, "Dense
     # first rounds"): sooner at 100 Mbit/s and more, later at 20 Mbit/s (stop 29)
+    "p2p-diloco-sparse-h25-warm": ["--algorithm", "diloco", "--compression", "sparseloco", "--diloco-inner-steps",
+                                   "25", "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0",
+                                   "--diloco-warmup-steps", "300", "--diloco-warmup-inner-steps", "10"],
+    # the same with post-local SGD's warm-up (diloco.py, "Warm-up"): H 10 for the first 300 steps,
+    # where H 25 costs 3-4 points against DDP, then H 25, where it costs none
     "p2p-diloco-sparse-h10": ["--algorithm", "diloco", "--compression", "sparseloco", "--diloco-inner-steps", "10",
                               "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0"],
     # the same at H=10: bench/diloco_sweep.py had it at DDP's accuracy from 240 steps on, where H=25
@@ -148,6 +153,11 @@ P2P_CONFIGS: dict[str, list[str]] = {
                                       "--diloco-inner-steps", "25", "--diloco-outer-lr", "1.0",
                                       "--diloco-outer-momentum", "0", "--diloco-overlap"],
     # the same with the round beside the next 25 inner steps: the trainer never waits on it
+    "p2p-diloco-sparse-h25-overlap-warm": ["--algorithm", "diloco", "--compression", "sparseloco",
+                                           "--diloco-inner-steps", "25", "--diloco-outer-lr", "1.0",
+                                           "--diloco-outer-momentum", "0", "--diloco-overlap",
+                                           "--diloco-warmup-steps", "300", "--diloco-warmup-inner-steps", "10"],
+    # both: the round beside the next inner steps, H 10 for the first 300 steps
     "p2p-diloco-int4-hauto": ["--algorithm", "diloco", "--compression", "int4", "--diloco-inner-steps", "auto",
                               "--diloco-outer-lr", "0.5", "--diloco-outer-momentum", "0.8"],
     # H chosen from the measured link and step time (p2p/averaging/outer_schedule.py): the fewest

@@ -270,6 +270,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "DiLoCo: run the outer round beside the next inner steps, its update one round late (Streaming DiLoCo; experimental, off by default; one gossip round)."),
     Setting("diloco_dense_rounds", "diloco", "dense_rounds", lambda v: _number(v, low_ok=True, integer=True),
             "DiLoCo with sparseloco: the swarm's first outer rounds send int4 instead, dense, while the link carries them (default 0; 4 pays on links of 100 Mbit/s and more): 2% of the large early Deltas leaves the model behind."),
+    Setting("diloco_warmup_steps", "diloco", "warmup_steps", lambda v: _number(v, low_ok=True, integer=True),
+            "DiLoCo: for the first this many steps, average every --diloco-warmup-inner-steps instead of every H (post-local SGD's warm-up: local steps cost accuracy early that they do not later; default 0: none; fixed H only)."),
+    Setting("diloco_warmup_inner_steps", "diloco", "warmup_inner_steps", lambda v: _number(v, low=1, low_ok=True, integer=True),
+            "DiLoCo: inner steps between outer synchronisations during --diloco-warmup-steps (default 10)."),
     Setting("diloco_reduce_scatter", "diloco", "reduce_scatter", _flag,
             "DiLoCo: average each outer round by reduce-scatter + all-gather, 2(N-1)/N model-sizes per peer instead of N-1 (dense codecs, one gossip round; every peer must run with it)."),
     Setting("sgp_push_interval", "sgp", "push_interval_s", lambda v: float(_number(v, low_ok=True)),
@@ -357,9 +361,10 @@ def swarm_config(**settings: Any) -> SwarmConfig:
 def _build(where: str, cls: type, values: dict[str, Any]) -> Any:
     try:
         return cls(**values)
-    except ValueError as exc:  # a rule across fields; name the first setting involved
+    except ValueError as exc:  # a rule across fields: name the one its message begins with, else the first given
         names = [s.name for s in SETTINGS.values() if s.where == where and s.field in values]
-        raise SettingError(names[0] if names else where, str(exc)) from None
+        named = [n for n in names if str(exc).startswith(SETTINGS[n].field + " ")]
+        raise SettingError((named or names or [where])[0], str(exc)) from None
 
 
 def check_runnable(config: SwarmConfig) -> None:

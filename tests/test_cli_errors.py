@@ -65,6 +65,10 @@ BAD_FLAGS = [
      "diloco reduce-scatter takes the dense codecs, not 'sparseloco'"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--compression", "int4", "--diloco-dense-rounds", "4"],
      "--diloco-dense-rounds: needs --compression sparseloco"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--diloco-inner-steps", "auto", "--diloco-warmup-steps", "100"],
+     "--diloco-warmup-steps: warmup_steps needs a fixed inner_steps"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--diloco-warmup-inner-steps", "0"],
+     "--diloco-warmup-inner-steps: must be >= 1"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--topology", "ring", "--diloco-reduce-scatter"],
      "--diloco-reduce-scatter: needs --topology full"),
 ]

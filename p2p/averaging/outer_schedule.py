@@ -54,6 +54,10 @@ make the schedule one that every peer derives alike, with no new message and no 
    boundary step for that round ahead of ours and skips one of our boundaries, which puts the
    peer on their steps as well (tests/test_diloco_overtaken.py, H 32: in step, one copy).
 
+A fixed H may begin with a warm-up (diloco.py, "Warm-up"): boundaries at the multiples of the
+warm-up's H up to its end (rounded up to one of them), then every H after it. Still a function
+of the step alone, the same on every peer, so rules 2-5 are not needed for it.
+
 Seen in the simulator (bench/diloco_auto_sim.py): peers that differ after a short round meet at
 the next boundary of the larger H and agree again from that round on. On a link so slow that
 membership probes queue behind the shares long enough for peers to be declared dead (0.02 Mbit/s
@@ -107,12 +111,23 @@ def agreed(proposals: Iterable[int], current: int) -> int:
     return rungs[len(rungs) // 2] if rungs else current
 
 
-class InnerSchedule:
-    """Where the outer boundaries are: multiples of ``h`` (module docstring)."""
+def warmup_end(warmup_steps: int, warmup_h: int) -> int:
+    """The step where a warm-up of ``warmup_steps`` at ``warmup_h`` ends: the first of its
+    boundaries at or after ``warmup_steps`` (0: no warm-up)."""
+    return -(-warmup_steps // warmup_h) * warmup_h if warmup_steps > 0 else 0
 
-    def __init__(self, inner_steps: int | str, overlap: bool) -> None:
+
+class InnerSchedule:
+    """Where the outer boundaries are: multiples of ``h`` (module docstring), after a warm-up's
+    multiples of ``warmup_h`` up to ``warm_end`` when there is one ("Warm-up" in the docstring)."""
+
+    def __init__(self, inner_steps: int | str, overlap: bool, warmup_steps: int = 0, warmup_h: int = 0) -> None:
+        """``warmup_steps`` needs a fixed ``inner_steps`` (DiLoCoConfig refuses it with auto)."""
         self.auto = inner_steps == "auto"
-        self.h = H_MIN if self.auto else int(inner_steps)
+        self._h = H_MIN if self.auto else int(inner_steps)  # after the warm-up
+        self.warmup_h = warmup_h
+        self.warm_end = warmup_end(warmup_steps, warmup_h)  # the warm-up's last boundary (0: none)
+        self.h = warmup_h if self.warm_end else self._h  # the H of the period under way
         self.h_next = self.h  # overlap: what the next boundary switches to
         self.overlap = overlap
         self.step_s: Optional[float] = None  # EWMA compute seconds per inner step
@@ -122,12 +137,27 @@ class InnerSchedule:
         self._anchor: Optional[tuple[int, int, int, int]] = None
 
     def is_boundary(self, step: int) -> bool:
-        return step > 0 and step % self.h == 0
+        if self.auto:
+            return step > 0 and step % self.h == 0
+        if step <= self.warm_end:
+            return step > 0 and step % self.warmup_h == 0
+        return (step - self.warm_end) % self._h == 0
 
     def boundary_candidate(self, step: int) -> bool:
         """A superset of the boundaries, for the trainer's thread, which may see ``h`` a moment
         before the switch at a boundary lands (rungs nest: the smaller one's multiples)."""
+        if not self.auto:
+            return self.is_boundary(step)
         return step > 0 and step % min(self.h, self.h_next) == 0
+
+    @property
+    def first_boundary(self) -> int:
+        """Where the first period ends (overlap gates from the second on)."""
+        return self.warmup_h if self.warm_end else self.h
+
+    def period_after(self, step: int) -> int:
+        """The H of the period that begins at boundary ``step`` (a fixed H's, warm-up or not)."""
+        return self.warmup_h if step < self.warm_end else self._h
 
     def at_boundary(self, step: int, now: float) -> None:
         """A boundary was reached: measure the period's compute, switch to ``h_next``."""
@@ -136,7 +166,10 @@ class InnerSchedule:
             if step > s0 and now - t0 > self._paused:
                 self.step_s = ewma(self.step_s, (now - t0 - self._paused) / (step - s0), STEP_EWMA_ALPHA)
         self._last, self._paused = (now, step), 0.0
-        self.h = self.h_next
+        if self.auto:
+            self.h = self.h_next
+        else:
+            self.h = self.h_next = self.period_after(step)
 
     def paused(self, seconds: float) -> None:
         """The trainer waited this long at a gate for the outer round: not compute."""
