@@ -108,7 +108,7 @@ every ``warmup_inner_steps`` instead of every H, as post-local SGD begins with s
 (Lin et al., "Don't Use Large Mini-Batches, Use Local SGD", arXiv:1808.07217, Sec. 3: local
 steps hurt most early, while the loss falls fast and the peers' models part fastest). Measured
 in the lab (nodes.wide, 4 peers, sparseloco): H 10 is at DDP's accuracy after 20% of the run,
-H 25 3-4 points under, and from 40% on both are level; H 10 all the way costs 2.5x the rounds.
+H 25 0.6-2.5 points under, and from 40% on both are level; H 10 all the way costs 2.5x the rounds.
 The boundaries stay a function of the step alone (multiples of the warm-up's H up to the end of
 the warm-up, then every H after it: outer_schedule.py), so every peer, joiner and resumed peer
 puts them on the same steps and rounds stay one boundary each.
