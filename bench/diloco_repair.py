@@ -23,8 +23,12 @@ Definitions:
   every peer put on its link in that time (bridge-side veth counters, sampled every 0.1 s,
   interpolated at the boundaries), summed over peers;
 - codec level: the median bytes per round of the steady state; back at codec level: the first
-  round after the restore from which every round carries at most 1.5x that
-  (``rounds_to_codec_level``: that round's index, 1 for the first round after the restore);
+  round after the restore from which every round, averaged with the round after it, carries at
+  most 1.5x that (``rounds_to_codec_level``: that round's index, 1 for the first round after
+  the restore). Averaged in pairs because the other peers' boundaries are up to a fraction of a
+  round off peer 0's, so a share lands in the round before or after: with sparseloco (~0.7 MB a
+  round for the swarm) single steady rounds read 0.3-1.1 MB, and one round of 1.3 MB followed
+  by one of 0.2 MB read as "not back" for 34 rounds (stop 31);
 - steps/s: each peer's steps over sliding ``--window``-second windows (from its JSON progress
   lines); the floor is the lowest window ratio against the peer's own steady-state rate
   (``vs_steady``) and against compute-only's mean rate (``vs_compute_only``), over the
@@ -232,9 +236,10 @@ def analyse(progress: Progress, tx: list[tuple[float, float]], marks: dict[str, 
     steady = [r["mb"] for r in rounds if r["phase"] == "steady"]
     level = statistics.median(steady) if steady else float("nan")
     after = [r for r in rounds if r["phase"] == "after"]
+    paired = [(a["mb"] + b["mb"]) / 2 for a, b in zip(after, after[1:])]  # Definitions: in pairs
     back = None  # rounds after the restore until (and including) the first at codec level
-    for j in range(len(after)):
-        if all(r["mb"] <= LEVEL_FACTOR * level for r in after[j:]):
+    for j in range(len(paired)):
+        if all(v <= LEVEL_FACTOR * level for v in paired[j:]):
             back = j + 1
             break
     peers = []

@@ -21,6 +21,7 @@ import slow_links  # noqa: E402
 import slow_links_report  # noqa: E402
 import slow_links_runs  # noqa: E402
 import slow_links_windows  # noqa: E402
+import diloco_repair  # noqa: E402
 
 PREFIX = f"p2pb{os.getpid() % 100000}"
 SUBNET = f"10.75.{os.getpid() % 250}.0/24"
@@ -251,3 +252,31 @@ def test_short_windows_show_a_stall_that_the_mean_hides(tmp_path):
     assert rows["compute_only"]["median"] == pytest.approx(100.0) and rows["compute_only"]["lowest_x"] == pytest.approx(1.0)
     assert rows["p2p-x"]["median_x"] == pytest.approx(1.0)
     assert rows["p2p-x"]["lowest_x"] == pytest.approx(0.5, abs=0.01)
+
+
+def _rounds_progress(steps_per_s: float, seconds: float) -> "diloco_repair.Progress":
+    progress = diloco_repair.Progress([])
+    progress.lines = [[(t / 10, int(t / 10 * steps_per_s), {}) for t in range(int(seconds * 10) + 1)]]
+    return progress
+
+
+def test_the_repair_bench_reads_rounds_back_at_codec_level_in_pairs_and_sees_a_real_repair():
+    # one round a second (H 25 at 25 steps/s); every round's bytes land half in it and half in
+    # the next, alternating 1.3 / 0.2 MB against a steady 0.7: back at level at once, read in pairs
+    h, marks = 25, {"steady": 0.0, "cut": 10.0, "restore": 12.0, "end": 30.0}
+    progress = _rounds_progress(25.0, 30.0)
+    sizes = [0.7] * 10 + [0.7, 0.7] + [1.3 if k % 2 == 0 else 0.2 for k in range(18)]
+
+    def bytes_sent(repair_mb: float = 0.0) -> list[tuple[float, float]]:
+        total, tx = 0.0, [(0.0, 0.0)]
+        for k, mb in enumerate(sizes):
+            total += (mb + (repair_mb if k in (13, 14, 15) else 0.0)) * 1e6
+            tx.append((k + 1.0, total))
+        return tx
+
+    result = diloco_repair.analyse(progress, bytes_sent(), marks, h, 4.0, cut=3, round_s=1.0)
+    assert result["codec_level_mb"] == pytest.approx(0.7) and result["rounds_to_codec_level"] == 1
+    # a repair of 1.5 MB a round in the 2nd-4th rounds after the restore (rounds 13-15): back
+    # from the 5th, the first whose pair holds none of it
+    result = diloco_repair.analyse(progress, bytes_sent(repair_mb=1.5), marks, h, 4.0, cut=3, round_s=1.0)
+    assert result["rounds_to_codec_level"] == 5
