@@ -5,15 +5,16 @@ import pytest
 
 from p2p.averaging.diloco import DiLoCoConfig
 from p2p.averaging.outer_schedule import InnerSchedule
+from p2p.cli.status_view import inner_steps_summary
 from p2p.sim.avg_config import AvgSimConfig, sim_algorithm_options, sim_averaging_config
 from p2p.sim.avg_sim import AvgSimulation
 from p2p.sim.churn import Churn
 from tests.test_diloco_auto import COMPUTE_S, PATIENT, Boundaries
 
 
-def boundaries(schedule: InnerSchedule, last: int) -> list[int]:
+def boundaries(schedule: InnerSchedule, last: int, first: int = 1) -> list[int]:
     out = []
-    for step in range(1, last + 1):
+    for step in range(first, last + 1):
         if schedule.is_boundary(step):
             schedule.at_boundary(step, float(step))
             out.append(step)
@@ -23,7 +24,8 @@ def boundaries(schedule: InnerSchedule, last: int) -> list[int]:
 def test_the_warm_up_boundaries_come_every_warm_up_h_then_every_h_from_its_end():
     s = InnerSchedule(25, overlap=False, warmup_steps=95, warmup_h=10)
     assert s.warm_end == 100  # rounded up to the warm-up's next boundary
-    assert boundaries(s, 200) == [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 125, 150, 175, 200]
+    assert s.warming_up and boundaries(s, 90) == list(range(10, 91, 10)) and s.warming_up and s.h == 10
+    assert boundaries(s, 200, first=91) == [100, 125, 150, 175, 200] and not s.warming_up
     assert s.h == 25 and s.first_boundary == 10
     # a peer that took a step count past the warm-up (a joiner, a resume) without reaching a
     # boundary yet finds the same ones
@@ -31,6 +33,12 @@ def test_the_warm_up_boundaries_come_every_warm_up_h_then_every_h_from_its_end()
     assert [step for step in range(101, 201) if late.is_boundary(step)] == [125, 150, 175, 200]
     # no warm-up: the plain multiples of H
     assert boundaries(InnerSchedule(25, overlap=False), 100) == [25, 50, 75, 100]
+
+
+def test_status_names_the_warm_up_while_it_lasts():
+    assert inner_steps_summary({"inner_steps": 10, "inner_steps_auto": 0, "warmup_until": 300}) == \
+        "H 10 (warm-up to step 300)"
+    assert inner_steps_summary({"inner_steps": 25, "inner_steps_auto": 0, "warmup_until": 0}) == "H 25"
 
 
 def test_a_warm_up_is_refused_with_auto_h_and_with_bad_values():

@@ -636,6 +636,7 @@ class DiLoCo(AsynchronousHooks):
     def _show_schedule(self) -> None:
         self.stats["inner_steps"] = self._schedule.h  # the H of the period under way, for status
         self.stats["inner_steps_auto"] = int(self._schedule.auto)
+        self.stats["warmup_until"] = self._schedule.warm_end if self._schedule.warming_up else 0  # for status
 
     def _round_timeout(self) -> float:
         """This round's deadline (module docstring): ``ROUND_SLACK`` x the usual wait."""

@@ -155,6 +155,11 @@ class InnerSchedule:
         """Where the first period ends (overlap gates from the second on)."""
         return self.warmup_h if self.warm_end else self.h
 
+    @property
+    def warming_up(self) -> bool:
+        """The period under way is one of the warm-up's (before the first boundary: if there is one)."""
+        return (self._last[1] if self._last else 0) < self.warm_end
+
     def period_after(self, step: int) -> int:
         """The H of the period that begins at boundary ``step`` (a fixed H's, warm-up or not)."""
         return self.warmup_h if step < self.warm_end else self._h

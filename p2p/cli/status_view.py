@@ -69,7 +69,8 @@ def inner_steps_summary(avg: dict) -> str:
     """DiLoCo's H now (p2p/averaging/outer_schedule.py), or "" for other algorithms."""
     if "inner_steps" not in avg:
         return ""
-    return f"H {avg['inner_steps']}" + (" (auto)" if avg.get("inner_steps_auto") else "")
+    return (f"H {avg['inner_steps']}" + (" (auto)" if avg.get("inner_steps_auto") else "")
+            + (f" (warm-up to step {avg['warmup_until']})" if avg.get("warmup_until") else ""))
 
 
 def _inner_steps_line(info: dict) -> str:

@@ -188,7 +188,7 @@ class Node:
                 + (f"  partial {avg['rounds_partial']}  late {avg.get('late', 0)}" if "rounds_partial" in avg else "")
                 + (f"  deadline {avg['round_deadline_ms'] / 1e3:.1f}s" if "round_deadline_ms" in avg else "")
                 + (f"  H {avg['inner_steps']}{' auto' if avg.get('inner_steps_auto') else ''}"
-                   if "inner_steps" in avg else "")
+                   f"{' warm-up' if avg.get('warmup_until') else ''}" if "inner_steps" in avg else "")
                 + (f"  repairs {avg['repairs_completed']}/{avg['repairs_started']} in {avg['repair_rounds']} rounds "
                    f"{avg['repair_bytes'] / 1e6:.1f} MB" if "repairs_started" in avg else "")
                 + (f"  waited {s['gate_wait_s']:.1f}s" if s.get("gate_waits") else "")
