@@ -31,6 +31,10 @@ def test_the_warm_up_boundaries_come_every_warm_up_h_then_every_h_from_its_end()
     # boundary yet finds the same ones
     late = InnerSchedule(25, overlap=False, warmup_steps=95, warmup_h=10)
     assert [step for step in range(101, 201) if late.is_boundary(step)] == [125, 150, 175, 200]
+    late.resume_at(110)  # and it shows the period it is in
+    assert late.h == 25 and not late.warming_up
+    late.resume_at(95)
+    assert late.h == 10 and late.warming_up
     # no warm-up: the plain multiples of H
     assert boundaries(InnerSchedule(25, overlap=False), 100) == [25, 50, 75, 100]
 

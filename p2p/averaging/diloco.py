@@ -441,6 +441,7 @@ class DiLoCo(AsynchronousHooks):
             start = state_array(state, "theta_start", self.port.numel)
         momentum = state_array(state, "momentum", self.port.numel)
         self._schedule.load_state_dict(state)
+        self._schedule.resume_at(self.port.step)
         self.outer_at_step = self.port.step
         self._alone = None
         self._show_schedule()

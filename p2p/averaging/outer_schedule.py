@@ -129,6 +129,7 @@ class InnerSchedule:
         self.warm_end = warmup_end(warmup_steps, warmup_h)  # the warm-up's last boundary (0: none)
         self.h = warmup_h if self.warm_end else self._h  # the H of the period under way
         self.h_next = self.h  # overlap: what the next boundary switches to
+        self._from = 0  # the step the period under way began at (or that we resumed at)
         self.overlap = overlap
         self.step_s: Optional[float] = None  # EWMA compute seconds per inner step
         self._last: Optional[tuple[float, int]] = None  # (time, step) of the last boundary
@@ -157,8 +158,15 @@ class InnerSchedule:
 
     @property
     def warming_up(self) -> bool:
-        """The period under way is one of the warm-up's (before the first boundary: if there is one)."""
-        return (self._last[1] if self._last else 0) < self.warm_end
+        """The period under way is one of the warm-up's."""
+        return self._from < self.warm_end
+
+    def resume_at(self, step: int) -> None:
+        """Our step count was just taken (a checkpoint, a donor's): the period under way is the
+        one that step falls in (a fixed H; auto takes its H with the state)."""
+        self._from = step
+        if not self.auto:
+            self.h = self.h_next = self.period_after(step)
 
     def period_after(self, step: int) -> int:
         """The H of the period that begins at boundary ``step`` (a fixed H's, warm-up or not)."""
@@ -170,7 +178,7 @@ class InnerSchedule:
             t0, s0 = self._last
             if step > s0 and now - t0 > self._paused:
                 self.step_s = ewma(self.step_s, (now - t0 - self._paused) / (step - s0), STEP_EWMA_ALPHA)
-        self._last, self._paused = (now, step), 0.0
+        self._last, self._paused, self._from = (now, step), 0.0, step
         if self.auto:
             self.h = self.h_next
         else:
