@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from p2p.harness.local_swarm import LocalSwarm, consensus_distance
-from tests.conftest import wait_until
+from tests.conftest import lingering, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -21,12 +21,7 @@ def test_three_peers_average_by_reduce_scatter_and_end_with_one_model(tmp_path):
             "--diloco-reduce-scatter"]
     with LocalSwarm(3, tmp_path, args, per_peer_args=[["--shard", f"{i}/3"] for i in range(3)]) as swarm:
         swarm.start()
-
-        def statuses():
-            s = [swarm.status(i) for i in range(3)]
-            return all(s) and all(x["phase"] == "lingering" for x in s) and s
-
-        final = wait_until(statuses, 180, what="reduce-scatter peers to finish")
+        final = wait_until(lambda: lingering(swarm, range(3)), 180, what="reduce-scatter peers to finish")
         params = [swarm.params(i) for i in range(3)]
         codes = swarm.stop()
     assert codes == [0, 0, 0]

@@ -10,7 +10,7 @@ import pytest
 from p2p.cli.sources import merge
 from p2p.cli.start import start
 from p2p.harness.local_swarm import LocalSwarm, consensus_distance
-from tests.conftest import wait_until
+from tests.conftest import lingering, wait_until
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "slow-links.toml"
 
@@ -32,12 +32,7 @@ def test_peers_started_with_the_slow_links_file_average_on_the_warm_up_steps_and
             "--join-timeout", "60", "--min-members", "3"]
     with LocalSwarm(3, tmp_path, args, per_peer_args=[["--shard", f"{i}/3"] for i in range(3)]) as swarm:
         swarm.start()
-
-        def statuses():
-            s = [swarm.status(i) for i in range(3)]
-            return all(s) and all(x["phase"] == "lingering" for x in s) and s
-
-        final = wait_until(statuses, 180, what="slow-links peers to finish")
+        final = wait_until(lambda: lingering(swarm, range(3)), 180, what="slow-links peers to finish")
         params = [swarm.params(i) for i in range(3)]
         codes = swarm.stop()
     assert codes == [0, 0, 0]
