@@ -6,6 +6,7 @@
 # copies (theta_start, from the checkpoints). bench/gpu_smoke.sh covers the p2p.Swarm path.
 #   bash bench/gpu_daemon.sh [STEPS] [TASK] [PRECISION]   # defaults: 3000 nodes.wide:WideTask bf16
 # DEVICE=cpu runs the same on the CPU (a dry run of this script; the test suite covers the CPU).
+# CONFIG=examples/slow-links.toml runs that file's averaging settings instead of the defaults below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS="${1:-3000}"
@@ -13,6 +14,8 @@ TASK="${2:-nodes.wide:WideTask}"
 PRECISION="${3:-bf16}"
 DEVICE="${DEVICE:-cuda}"
 PYTHON="${PYTHON:-python3}"
+AVERAGING=(--algorithm diloco --compression sparseloco --diloco-inner-steps 25)
+[ -n "${CONFIG:-}" ] && AVERAGING=(--config "$CONFIG")
 if [ "$DEVICE" = cuda ]; then
   "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_daemon: no CUDA device')"
   "$PYTHON" -c "import torch; print('gpu_daemon:', torch.cuda.get_device_name(0), 'torch', torch.__version__)"
@@ -27,7 +30,7 @@ for i in 0 1 2; do
   JOIN=(); [ "$i" -gt 0 ] && JOIN=(--join "127.0.0.1:$P0")
   "$PYTHON" -m p2p start --listen "127.0.0.1:${PORTS[$i]}" "${JOIN[@]}" --min-members 3 --shard "$i/3" \
     --task "$TASK" --device "$DEVICE" --precision "$PRECISION" --swarm-key "$OUT/swarm.key" \
-    --algorithm diloco --compression sparseloco --diloco-inner-steps 25 --steps "$STEPS" --linger 5 \
+    "${AVERAGING[@]}" --steps "$STEPS" --linger 5 \
     --checkpoint-dir "$OUT/ckpt$i" --log-format json > "$OUT/node$i.log" 2>&1 &
 done
 # One look at the swarm while it trains: poll until a node answers with three members training.
