@@ -25,6 +25,7 @@ class Net:
         self.nodes: dict[str, Membership] = {}
         self.down: set[str] = set()
         self.log: list[tuple[str, str, object]] = []
+        self.timed: list[tuple[float, str, object]] = []  # (when, from, message)
         self.fresh: list[tuple[str, str, object]] = []  # the sends asked to go on a fresh connection
         self.now = 0.0
         self.groups: dict[str, int] = {}  # partition: addresses in different groups cannot talk
@@ -40,6 +41,7 @@ class Net:
         while queue:
             src, s = queue.pop(0)
             self.log.append((src, s.to, s.msg))
+            self.timed.append((self.now, src, s.msg))
             if s.fresh:
                 self.fresh.append((src, s.to, s.msg))
             dst = self.nodes.get(s.to)
@@ -60,8 +62,12 @@ class Net:
             self.now = t
             for m in live:
                 if m.next_deadline() <= t:
-                    self.deliver(m.addr, m.tick(t))
-                    assert m.next_deadline() > t
+                    sends = m.tick(t)
+                    assert m.next_deadline() > t  # (a reply it then receives may bring it back to t)
+                    self.deliver(m.addr, sends)
+
+    def gossip_times(self, src: str) -> list[float]:
+        return [t for t, s, m in self.timed if s == src and type(m) is Gossip]
 
     def sent(self, kind, src=None, dst=None):
         return [(s, d, m) for s, d, m in self.log if type(m) is kind
@@ -125,6 +131,27 @@ def test_join_via_a_non_seed_member_reaches_everyone():
     net.run_until(15.0)
     assert [r.id for r in a.alive()] == ["b", "c"]
     assert [r.id for r in c.alive()] == ["a", "b"]
+
+
+def test_a_chain_launched_together_knows_everyone_before_the_first_gossip_tick():
+    # Nodes launched together, each joining the one before (the lab, LocalSwarm): a member waits
+    # for --min-members before its first step, so a join's news must not wait a gossip tick per
+    # hop. One tick (0.2 s on lan) is the bound; instant delivery makes it all happen at t = 0.
+    net = Net()
+    nodes = [net.add("a")] + [net.add(chr(ord("a") + i), seeds=[chr(ord("a") + i - 1)]) for i in range(1, 5)]
+    net.run_until(CFG.gossip_interval / 2)
+    assert all(m.num_live() == 5 for m in nodes), [m.num_live() for m in nodes]
+    # Joins through one member, 10 ms apart, still share gossip rounds: one now, then at most one
+    # per JOIN_GOSSIP_GAP of the interval (rounds at 0, 0.05 and 0.1 s here, not one per join).
+    hub = Net()
+    seed = hub.add("a")
+    for i in range(9):
+        hub.run_until(i * 0.01)
+        hub.add(f"j{i}", seeds=["a"])
+    hub.run_until(0.1)
+    rounds = sorted({round(t, 3) for t in hub.gossip_times("a:7946")})
+    assert rounds == [0.0, 0.05, 0.1], rounds
+    assert seed.num_live() == 10
 
 
 def test_probe_gets_ack_and_no_suspicion():
