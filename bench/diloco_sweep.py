@@ -13,7 +13,8 @@ arrives: what the lab would give on a perfect network. Each variant runs in its 
 
 A variant is ``ddp``, ``compute_only`` or ``CODEC:H:OUTER_LR:OUTER_MOMENTUM`` (CODEC: none,
 one of p2p.averaging.diloco.CODECS; sparseloco at its default 2% density, meant for
-``sparseloco:H:1.0:0.0``, SparseLoCo's outer rule). Prints one row per variant: accuracy (mean over peers) at each
+``sparseloco:H:1.0:0.0``, SparseLoCo's outer rule; ``sparseloco@0.1`` keeps 10% of each chunk,
+as ``--topk-fraction 0.1``). Prints one row per variant: accuracy (mean over peers) at each
 evaluation step, and the DiLoCo bytes each peer sent (wire payload, all rounds). DiLoCo's
 accuracy is its outer parameters' (theta_start), as the nodes score it: the live model between
 outer steps is one peer's local run, and an evaluation step that is not a multiple of H would
@@ -85,7 +86,9 @@ def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_n
         batches.append(task.train_batches(Shard(i, peers), zlib.crc32(f"{seed}:{name}".encode())))
     if variant not in ("ddp", "compute_only"):
         codec, h, lr, mom = variant.split(":")
-        config = AveragingConfig(compression=codec, round_timeout_s=3600.0)
+        codec, _, fraction = codec.partition("@")  # sparseloco@0.1: 10% of each chunk (--topk-fraction)
+        config = AveragingConfig(compression=codec, round_timeout_s=3600.0,
+                                 compression_topk_fraction=float(fraction) if fraction else None)
         options = DiLoCoConfig(inner_steps=int(h), outer_lr=float(lr), outer_momentum=float(mom))
         for flat in flats:
             ports.append(_Port(flat, f"{task_name}/{flat.numel}"))
@@ -133,6 +136,13 @@ def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_n
             "params_sent": sum(a.stats["params_sent"] for a in algs)}
 
 
+def _fraction(text: str) -> bool:
+    try:
+        return 0 < float(text) <= 1
+    except ValueError:
+        return False
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
@@ -153,8 +163,10 @@ def main(argv=None) -> int:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     for v in variants:
         parts = v.split(":")
-        if v not in ("ddp", "compute_only") and (len(parts) != 4 or parts[0] not in DILOCO_CODECS):
-            ap.error(f"--variants: {v!r} is not ddp, compute_only or CODEC:H:OUTER_LR:OUTER_MOMENTUM")
+        codec, at, fraction = parts[0].partition("@")
+        if v not in ("ddp", "compute_only") and (len(parts) != 4 or codec not in DILOCO_CODECS
+                                                  or (at and not _fraction(fraction))):
+            ap.error(f"--variants: {v!r} is not ddp, compute_only or CODEC[@FRACTION]:H:OUTER_LR:OUTER_MOMENTUM")
 
     def one(v: str) -> dict:
         cmd = [sys.executable, os.path.abspath(__file__), "--one", v, "--steps", str(args.steps),

@@ -1,6 +1,10 @@
-"""examples/slow-links.toml, the configuration the README recommends on slow links: the file
-is read as it stands, and real peers running it (overlap, warm-up, sparseloco) end with one model."""
+"""examples/slow-links.toml and slow-links-int4.toml, the configurations the README recommends on
+slow links: each file is read as it stands, real peers running the first (overlap, warm-up,
+sparseloco) end with one model, and a node started with the second trains."""
 
+import json
+import subprocess
+import sys
 import typing
 from pathlib import Path
 
@@ -10,9 +14,11 @@ import pytest
 from p2p.cli.sources import merge
 from p2p.cli.start import start
 from p2p.harness.local_swarm import LocalSwarm, consensus_distance
+from p2p.net.ports import free_ports
 from tests.conftest import lingering, wait_until
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "slow-links.toml"
+INT4_CONFIG = CONFIG.with_name("slow-links-int4.toml")
 
 
 def test_the_slow_links_file_holds_the_settings_the_readme_names():
@@ -20,6 +26,20 @@ def test_the_slow_links_file_holds_the_settings_the_readme_names():
     assert values == {"algorithm": "diloco", "topology": "full", "compression": "sparseloco",
                       "diloco_inner_steps": "25", "diloco_outer_lr": 1.0, "diloco_outer_momentum": 0.0,
                       "diloco_overlap": True, "diloco_warmup_steps": 300, "diloco_warmup_inner_steps": 10}
+
+
+def test_the_int4_file_holds_the_settings_the_readme_names_and_a_node_trains_with_it():
+    values = merge({}, typing.get_type_hints(start), str(INT4_CONFIG), {}).values
+    assert values == {"algorithm": "diloco", "topology": "full", "compression": "int4",
+                      "diloco_inner_steps": "25", "diloco_outer_lr": 0.5, "diloco_outer_momentum": 0.8}
+    port = free_ports(1)[0]
+    done = subprocess.run([sys.executable, "-m", "p2p", "start", "--config", str(INT4_CONFIG), "--task", "synthetic",
+                           "--listen", f"127.0.0.1:{port}", "--steps", "30", "--linger", "0", "--log-format", "json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    assert last["step"] == 30 and last["codec"] == "int4" and last["inner_steps"] == 25, last
+    assert last["exchanges_completed"] == 1, last  # its one outer step, at step 25
 
 
 @pytest.mark.integration
