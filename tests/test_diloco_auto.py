@@ -115,8 +115,10 @@ def test_h_moves_up_when_the_link_slows_and_down_when_it_speeds_up(monkeypatch):
 
 def test_joiners_take_the_schedule_and_fall_on_the_swarms_boundaries(monkeypatch):
     seen = Boundaries(monkeypatch)
-    r = simulate(SLOW, steps=300, churn=Churn(joins=2))
-    assert r.live[-1] == 6 and min(r.steps.values()) == 300
+    # PATIENT: without it ~250 live peers were declared dead in this run (module note), a peer
+    # missed shares and chose another H than the rest; whether that hit a boundary was luck
+    r = simulate(SLOW, steps=300, churn=Churn(joins=2), membership=PATIENT)
+    assert r.live[-1] == 6 and min(r.steps.values()) == 300 and not r.false_positives
     assert len(seen.seen) == 6
     late = seen.steps(after=200)  # every peer, the joiners too, on the same steps
     assert late[0] and all(s == late[0] for s in late), late

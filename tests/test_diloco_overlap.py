@@ -42,8 +42,9 @@ def test_overlap_through_joins_and_crashes_ends_with_one_model():
 def test_overlap_with_sparseloco_s_outer_step_ends_as_near_the_optimum_as_blocking_through_churn():
     """With Nesterov momentum (0.9) an outer step one round late costs overlap 2.3x the blocking
     rounds' final gap under joins and crashes (module docstring). With the outer step slow
-    links use (SparseLoCo's: lr 1, no momentum) it does not: every seed ends within 0.5% of the
-    initial gap, as blocking does."""
+    links use (SparseLoCo's: lr 1, no momentum) it does not: every seed ends within 1% of the
+    initial gap, as blocking does (seeds 0-9: overlap 0.0001-0.0051, blocking 0.0001-0.0033;
+    momentum 0.9 with overlap: 0.12-0.13)."""
     for seed in (2, 6, 9):  # 2 and 9: the seeds where momentum 0.9 with overlap ended at 0.12-0.13
         ends = {}
         for overlap in (False, True):
@@ -53,4 +54,4 @@ def test_overlap_with_sparseloco_s_outer_step_ends_as_near_the_optimum_as_blocki
             assert r.live[-1] == PEERS and min(r.steps.values()) == STEPS
             assert r.final_consensus / r.initial_consensus <= 1e-6
             ends[overlap] = r.final_gap / r.initial_gap
-        assert ends[True] <= 0.005 and ends[False] <= 0.005, (seed, ends)
+        assert ends[True] <= 0.01 and ends[False] <= 0.01, (seed, ends)
