@@ -107,3 +107,26 @@ def test_garbage_and_wrong_version_membership_messages_are_counted(tmp_path):
         assert status["phase"] in ("training", "lingering")
         assert swarm.stop() == [0]
 
+
+
+def test_a_peer_whose_port_was_taken_before_its_first_start_gets_another_and_joins(tmp_path):
+    # LocalSwarm chooses every peer's ports up front, from the ephemeral range; a joiner started
+    # late can find them taken by then (here: by us), and would exit at once, "address in use".
+    import socket
+
+    swarm = LocalSwarm(2, tmp_path, ARGS)
+    taken = swarm.ports[1]
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", taken))
+    squatter.listen(1)
+    try:
+        with swarm:
+            swarm.start_peer(0, [])
+            swarm.start_peer(1, [swarm.addrs[0]])
+            assert swarm.ports[1] != taken and swarm.addrs[1] == f"127.0.0.1:{swarm.ports[1]}"
+            both = wait_until(lambda: (v := views(swarm, [0, 1])) and all(len(m) == 2 for m in v.values()) and v,
+                              60, what="both peers to see each other")
+            assert both[swarm.addrs[0]][swarm.addrs[1]] == "alive"
+            # (a restarted peer keeps its address, which the others know: tests/test_resume.py)
+    finally:
+        squatter.close()

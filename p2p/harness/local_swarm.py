@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -43,12 +44,31 @@ def _write(path: Path, text: str, mode: int) -> str:
     return str(path)
 
 
+def _pair_free(host: str, port: int) -> bool:
+    """Can a node bind ``port`` and its bulk port ``port + 1`` on ``host`` right now?"""
+    held = []
+    try:
+        for p in (port, port + 1):
+            s = socket.socket()
+            held.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the node's listeners do
+            s.bind((host, p))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in held:
+            s.close()
+
+
 class LocalSwarm:
     def __init__(self, peers: int, log_dir: Path, node_args: Sequence[str] = (),
                  ports: Optional[Sequence[int]] = None, host: str = "127.0.0.1",
                  per_peer_args: Optional[Sequence[Sequence[str]]] = None, swarm_key: Optional[str] = None,
                  identities: bool = False) -> None:
+        self._given_ports = ports is None  # ours to re-choose (start_peer); a caller's are kept
         self.ports = list(ports) if ports is not None else free_ports(peers, host)
+        self.host = host
         self.addrs = [f"{host}:{p}" for p in self.ports]
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -81,6 +101,13 @@ class LocalSwarm:
         return cmd
 
     def start_peer(self, i: int, join: Sequence[str]) -> subprocess.Popen:
+        if self.procs[i] is None and self._given_ports and not _pair_free(self.host, self.ports[i]):
+            # Chosen free at construction, but the ports come from the ephemeral range, and a peer
+            # started late (a joiner, after the others trained) can find one taken meanwhile by an
+            # outgoing connection: it would exit at once, "address in use", and a test would wait
+            # for its status until its deadline. Before its first start nobody knows its address.
+            self.ports[i] = free_ports(1, self.host)[0]
+            self.addrs[i] = f"{self.host}:{self.ports[i]}"
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         log = open(self.log_dir / f"peer{i}.log", "ab")
         proc = subprocess.Popen(self.command(i, join), stdout=log, stderr=subprocess.STDOUT, env=env)
