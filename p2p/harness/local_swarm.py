@@ -66,7 +66,7 @@ class LocalSwarm:
                  ports: Optional[Sequence[int]] = None, host: str = "127.0.0.1",
                  per_peer_args: Optional[Sequence[Sequence[str]]] = None, swarm_key: Optional[str] = None,
                  identities: bool = False) -> None:
-        self._given_ports = ports is None  # ours to re-choose (start_peer); a caller's are kept
+        self._chose_ports = ports is None  # so start_peer may choose again; a caller's are kept
         self.ports = list(ports) if ports is not None else free_ports(peers, host)
         self.host = host
         self.addrs = [f"{host}:{p}" for p in self.ports]
@@ -101,7 +101,7 @@ class LocalSwarm:
         return cmd
 
     def start_peer(self, i: int, join: Sequence[str]) -> subprocess.Popen:
-        if self.procs[i] is None and self._given_ports and not _pair_free(self.host, self.ports[i]):
+        if self.procs[i] is None and self._chose_ports and not _pair_free(self.host, self.ports[i]):
             # Chosen free at construction, but the ports come from the ephemeral range, and a peer
             # started late (a joiner, after the others trained) can find one taken meanwhile by an
             # outgoing connection: it would exit at once, "address in use", and a test would wait
