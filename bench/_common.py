@@ -105,10 +105,13 @@ def train(task: Any, model: torch.nn.Module, forward_model: torch.nn.Module, opt
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return parse_jsonl(path.read_text(errors="replace")) if path.exists() else []
+
+
+def parse_jsonl(text: str) -> list[dict[str, Any]]:
+    """The JSON objects among ``text``'s lines (other lines, e.g. a node's text logs, skipped)."""
     out = []
-    if not path.exists():
-        return out
-    for line in path.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         line = line.strip()
         if line.startswith("{"):
             try:

@@ -25,7 +25,6 @@ and the medians over runs of the last peer's start and of the two p2p phases.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -35,7 +34,7 @@ from datetime import datetime
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import _common  # noqa: E402  (puts the repository on sys.path)
+import _common  # noqa: E402  (puts the repository on sys.path; parse_jsonl)
 
 from p2p.net.ports import free_ports  # noqa: E402
 
@@ -51,18 +50,6 @@ def p2p_argv(i: int, ports: list[int], peers: int, task: str) -> list[str]:
 def compute_only_argv(i: int, peers: int, task: str) -> list[str]:
     return [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "compute_only.py"),
             "--task", task, "--shard", f"{i}/{peers}", "--steps", "30", "--seed", "0", "--eval-every", "2"]
-
-
-def lines(text: str) -> list[dict]:
-    out = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
 
 
 def log_time(record: dict) -> float:
@@ -82,7 +69,7 @@ def run_once(mode: str, peers: int, task: str) -> dict:
         raise SystemExit(f"startup: a {mode} process failed:\n{bad[-2000:]}")
     starts, ups = [], []
     for text in outputs:
-        records = lines(text)
+        records = _common.parse_jsonl(text)
         if mode == "compute_only":
             starts.append(next(r["t"] for r in records if r.get("event") == "start") - launched)
             continue
@@ -101,6 +88,8 @@ def main(argv=None) -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--task", default="nodes.wide:WideTask")
     args = ap.parse_args(argv)
+    if args.peers < 1 or args.runs < 1:
+        ap.error(f"--peers and --runs must be >= 1, got {args.peers} and {args.runs}")
     last: dict[str, list[float]] = {"p2p": [], "compute_only": []}
     phases: list[tuple[float, float]] = []
     print(f"startup: {args.peers} processes per run, task {args.task}, {os.cpu_count()} CPUs, "

@@ -17,6 +17,19 @@ def wait_until(predicate, timeout_s, interval_s=0.2, what="condition"):
         time.sleep(interval_s)
 
 
+def train_to_lingering(tmp_path, args, peers, what, timeout_s=180):
+    """Start ``peers`` real nodes (LocalSwarm, chain joins, peer i on shard i/peers) with ``args``,
+    wait until all finished training, and stop them: (their last statuses, their parameter
+    vectors, their exit codes)."""
+    from p2p.harness.local_swarm import LocalSwarm
+
+    with LocalSwarm(peers, tmp_path, args, per_peer_args=[["--shard", f"{i}/{peers}"] for i in range(peers)]) as swarm:
+        swarm.start()
+        final = wait_until(lambda: lingering(swarm, range(peers)), timeout_s, what=what)
+        params = [swarm.params(i) for i in range(peers)]
+        return final, params, swarm.stop()
+
+
 def lingering(swarm, which):
     """The statuses of peers ``which`` of a LocalSwarm once every one of them has finished training
     and lingers (None before): a predicate for ``wait_until``."""

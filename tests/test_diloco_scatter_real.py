@@ -4,8 +4,8 @@ real ZeroMQ: three peers on loopback finish, and their outer copies end as one."
 import numpy as np
 import pytest
 
-from p2p.harness.local_swarm import LocalSwarm, consensus_distance
-from tests.conftest import lingering, wait_until
+from p2p.harness.local_swarm import consensus_distance
+from tests.conftest import train_to_lingering
 
 pytestmark = pytest.mark.integration
 
@@ -19,11 +19,7 @@ def test_three_peers_average_by_reduce_scatter_and_end_with_one_model(tmp_path):
             "--steps", str(steps), "--linger", "-1", "--log-every", "0", "--eval-every", "1", "--round-timeout", "15",
             "--join-timeout", "60", "--min-members", "3", "--diloco-inner-steps", "20", "--compression", "int8",
             "--diloco-reduce-scatter"]
-    with LocalSwarm(3, tmp_path, args, per_peer_args=[["--shard", f"{i}/3"] for i in range(3)]) as swarm:
-        swarm.start()
-        final = wait_until(lambda: lingering(swarm, range(3)), 180, what="reduce-scatter peers to finish")
-        params = [swarm.params(i) for i in range(3)]
-        codes = swarm.stop()
+    final, params, codes = train_to_lingering(tmp_path, args, 3, what="reduce-scatter peers to finish")
     assert codes == [0, 0, 0]
     for s in final:
         avg = s["averaging"]

@@ -13,9 +13,9 @@ import pytest
 
 from p2p.cli.sources import merge
 from p2p.cli.start import start
-from p2p.harness.local_swarm import LocalSwarm, consensus_distance
+from p2p.harness.local_swarm import consensus_distance
 from p2p.net.ports import free_ports
-from tests.conftest import lingering, wait_until
+from tests.conftest import train_to_lingering
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "slow-links.toml"
 INT4_CONFIG = CONFIG.with_name("slow-links-int4.toml")
@@ -50,11 +50,7 @@ def test_peers_started_with_the_slow_links_file_average_on_the_warm_up_steps_and
     args = ["--config", str(CONFIG), "--diloco-warmup-steps", "40", "--task", "synthetic", "--membership", "local",
             "--steps", str(steps), "--linger", "-1", "--log-every", "0", "--eval-every", "1", "--round-timeout", "15",
             "--join-timeout", "60", "--min-members", "3"]
-    with LocalSwarm(3, tmp_path, args, per_peer_args=[["--shard", f"{i}/3"] for i in range(3)]) as swarm:
-        swarm.start()
-        final = wait_until(lambda: lingering(swarm, range(3)), 180, what="slow-links peers to finish")
-        params = [swarm.params(i) for i in range(3)]
-        codes = swarm.stop()
+    final, params, codes = train_to_lingering(tmp_path, args, 3, what="slow-links peers to finish")
     assert codes == [0, 0, 0]
     for s in final:
         avg = s["averaging"]
