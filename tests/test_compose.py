@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 import yaml
 
-from p2p.cli import app
+from p2p.cli.app import app
 from p2p.cli.sources import merge
 from p2p.cli.start import start
 from p2p.net.addresses import parse_address

@@ -4,48 +4,75 @@ This is the only place that reads flags (and, for the demo's cache directory, th
 environment). Every user error ends in one line on stderr that names the problem and a
 non-zero exit: 2 for a bad flag or value, 1 for a runtime failure (port in use, no peer
 answered). Each command lives in its own module beside this one.
+
+Why commands load lazily: importing every command's module (and through them the config, all
+seven averaging algorithms, the lab and the simulator) took ~0.4 s of each process's start, on
+every ``p2p status`` and on every node (issue 13: four nodes sharing two cores start ~1 s after
+plain torch workers, inside a time-to-target of ~8 s). ``main`` reads the command name and
+imports that command's module only; the whole app (every command, for ``p2p --help`` or a
+misspelt name) is built only when no known command leads the arguments.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from typer.exceptions import TyperException
 
-from p2p.cli.demo import demo
 from p2p.cli.errors import CliError
-from p2p.cli.export import export
-from p2p.cli.keygen import keygen
-from p2p.cli.lab import lab_app
-from p2p.cli.plot import plot
-from p2p.cli.simulate import simulate
-from p2p.cli.start import start
-from p2p.cli.status import status
 
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    help="Decentralized peer-to-peer training of PyTorch models over ZeroMQ.",
-)
-app.command()(start)
-app.command()(status)
-app.command()(demo)
-app.command()(export)
-app.command()(keygen)
-app.command()(plot)
-app.command("simulate", help="Run membership (or, with --algorithm, averaging) in the deterministic simulator.")(simulate)
-app.add_typer(lab_app, name="lab", help="A shaped-network lab: one network namespace per peer (needs root).")
+HELP = "Decentralized peer-to-peer training of PyTorch models over ZeroMQ."
+
+# command -> (module, attribute, typer.command keywords); "lab" is a group of its own
+COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "start": ("p2p.cli.start", "start", {}),
+    "status": ("p2p.cli.status", "status", {}),
+    "demo": ("p2p.cli.demo", "demo", {}),
+    "export": ("p2p.cli.export", "export", {}),
+    "keygen": ("p2p.cli.keygen", "keygen", {}),
+    "plot": ("p2p.cli.plot", "plot", {}),
+    "simulate": ("p2p.cli.simulate", "simulate",
+                 {"help": "Run membership (or, with --algorithm, averaging) in the deterministic simulator."}),
+}
+GROUPS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "lab": ("p2p.cli.lab", "lab_app", {"help": "A shaped-network lab: one network namespace per peer (needs root)."}),
+}
+
+
+def build_app(only: Optional[str] = None) -> typer.Typer:
+    """The app with every command, or with the command (or group) ``only`` alone. A callback
+    keeps a one-command app a group, so ``p2p start ...`` parses (and its usage reads) the same."""
+    app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                      rich_markup_mode=None, help=HELP)
+    if only is not None:
+        app.callback()(lambda: None)
+    for name, (module, attr, kw) in COMMANDS.items():
+        if only in (None, name):
+            app.command(name, **kw)(getattr(importlib.import_module(module), attr))
+    for name, (module, attr, kw) in GROUPS.items():
+        if only in (None, name):
+            app.add_typer(getattr(importlib.import_module(module), attr), name=name, **kw)
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    """``app``: the whole app, built when first asked for (tests, ``typer.testing``)."""
+    if name == "app":
+        app = globals()["app"] = build_app()
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app, turning every user error into one line and an exit code."""
-    command = typer.main.get_command(app)
+    args = sys.argv[1:] if argv is None else list(argv)
+    named = args[0] if args and (args[0] in COMMANDS or args[0] in GROUPS) else None
+    command = typer.main.get_command(build_app(named))
     try:
-        code = command.main(args=argv, prog_name="p2p", standalone_mode=False)
+        code = command.main(args=args, prog_name="p2p", standalone_mode=False)
     except CliError as exc:
         print(f"p2p: error: {exc}", file=sys.stderr)
         sys.exit(exc.code)
