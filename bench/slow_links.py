@@ -13,7 +13,10 @@ shards, per-peer batch size, optimizer, learning rate, run seed and step count:
   evaluated (the models differ between averages);
 - ``compute_only``: the same N peers training the same steps with no communication
   (bench/compute_only.py). It does not depend on the rate, so it runs once (in the first
-  rate's lab) and its result is repeated under every rate.
+  rate's lab) and its result is repeated under every rate; ``--compute-only-each-rate`` runs it
+  again in every rate's lab: this shared machine's speed drifts over a run of half an hour (a
+  tinylm evaluation took 15% longer in the 20 Mbit/s half of one run than in the first half), and
+  every ratio to compute-only at a rate then compares runs made minutes apart.
 
 Definitions (the clock, the same for every method: wall seconds from launching the method's
 processes, so process start-up, data loading and joining / rendezvous count (p2p nodes get
@@ -75,7 +78,7 @@ one run only: the machine is shared, so compare within a run, never across runs.
 
     python bench/slow_links.py [--rates unlimited,1000mbit,100mbit,20mbit] [--peers 4]
         [--task tinylm] [--steps N] [--methods p2p-diloco-sparse-h25,ddp,compute_only] [--max-time 600]
-        [--only-at ddp:unlimited,torch-localsgd-h25:unlimited/100mbit]
+        [--only-at ddp:unlimited,torch-localsgd-h25:unlimited/100mbit] [--compute-only-each-rate]
         [--json] [--quick]        (--methods p2p: every P2P_CONFIGS entry; the full default run: ~75 min)
 
 Writes bench/out/slow_links.md, bench/out/slow_links.png and bench/out/slow_links.json (the
@@ -207,7 +210,8 @@ def plan_methods(methods: list[str]) -> list[tuple[str, Optional[list[str]]]]:
 
 
 def run_all(rates: list[str], plan: list[tuple[str, Optional[list[str]]]], s: Settings, prefix: str,
-            subnet: str, out: Path, only_at: Optional[dict[str, set[str]]] = None) -> dict[str, dict[str, Result]]:
+            subnet: str, out: Path, only_at: Optional[dict[str, set[str]]] = None,
+            compute_only_each_rate: bool = False) -> dict[str, dict[str, Result]]:
     results: dict[str, dict[str, Result]] = {}
     compute_only: Optional[Result] = None
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -216,7 +220,7 @@ def run_all(rates: list[str], plan: list[tuple[str, Optional[list[str]]]], s: Se
         results[label] = {}
         with Lab(s.peers, None if label == "unlimited" else rate, prefix=prefix, subnet=subnet) as lab:
             for name, extra in plan:
-                if name == "compute_only" and compute_only is not None:
+                if name == "compute_only" and compute_only is not None and not compute_only_each_rate:
                     results[label][name] = Result(**{**asdict(compute_only), "rate": label})
                     continue
                 if only_at and name in only_at and label not in only_at[name]:
@@ -248,6 +252,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="run these methods only at these rates (default: every method at every rate). "
                          "DDP's steps to a target do not depend on the link, so `--only-at ddp:unlimited` gives "
                          "the ideal bound without DDP's hours at 20 Mbit/s (no x DDP column at the other rates)")
+    ap.add_argument("--compute-only-each-rate", action="store_true",
+                    help="run compute_only in every rate's lab, not once: a baseline measured beside each rate's runs")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=float, default=None, help="seconds between evaluations")
     ap.add_argument("--poll", type=float, default=0.5, help="p2p nodes' --log-every, seconds")
@@ -308,7 +314,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     try:
-        results = run_all(rates, plan, s, args.prefix, args.subnet, out, only_at)
+        results = run_all(rates, plan, s, args.prefix, args.subnet, out, only_at, args.compute_only_each_rate)
     except LabError as exc:
         print(f"slow_links: {exc}", file=sys.stderr)
         return 1
