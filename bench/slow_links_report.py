@@ -39,8 +39,12 @@ def compare_with_bounds(results: dict[str, dict[str, Result]]) -> None:
     Ideal data parallelism = DDP's steps to the target at compute-only's speed per step, after
     compute-only's start-up. DDP's steps to a target do not depend on the link (the same exact
     averaging), so the fewest over this run's rates is used: evaluations land every --eval-every
-    seconds, and the slower rate's DDP is evaluated at finer step intervals."""
-    co = next((by["compute_only"] for by in results.values() if "compute_only" in by), None)
+    seconds, and the slower rate's DDP is evaluated at finer step intervals.
+
+    Per-step overheads compare with the compute-only run at the same rate: the first one, repeated
+    under every rate, or one run in each rate's lab (``--compute-only-each-rate``). The ideal
+    bound takes the first one's speed."""
+    first = co = next((by["compute_only"] for by in results.values() if "compute_only" in by), None)
     ddps = [by["ddp"] for by in results.values() if "ddp" in by]
     per_step = start = None
     if co is not None and co.train_time_s and co.start_s is not None and co.steps:
@@ -54,6 +58,7 @@ def compare_with_bounds(results: dict[str, dict[str, Result]]) -> None:
     ideal_s = ideal([d.steps_to_target for d in ddps])
     ideal_high_s = ideal([d.steps_to_high for d in ddps])
     for by_method in results.values():
+        co = by_method.get("compute_only", first)
         for r in by_method.values():
             r.ideal_s, r.ideal_high_s = ideal_s, ideal_high_s
             if co is not None and co.train_time_s and r.train_time_s:

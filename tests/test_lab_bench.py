@@ -84,6 +84,22 @@ def test_the_ideal_bound_is_ddps_steps_at_compute_only_speed_after_its_start_up(
     assert "+20%" in table and "## Accuracy at equal steps" in table
 
 
+def test_overheads_compare_with_the_compute_only_run_at_the_same_rate():
+    # --compute-only-each-rate: the machine was slower during the 20 Mbit/s half
+    fast = slow_links_runs.Result("compute_only", "unlimited", train_time_s=110.0, start_s=10.0, steps=1000,
+                                  cpu_s_per_step=0.010)
+    slow = slow_links_runs.Result("compute_only", "20mbit", train_time_s=121.0, start_s=11.0, steps=1000,
+                                  cpu_s_per_step=0.011)
+    ours = {rate: slow_links_runs.Result("p2p-x", rate, train_time_s=132.0, cpu_s_per_step=0.0121)
+            for rate in ("unlimited", "20mbit")}
+    ddp = slow_links_runs.Result("ddp", "unlimited", steps_to_target=480)
+    slow_links_report.compare_with_bounds({"unlimited": {"compute_only": fast, "ddp": ddp, "p2p-x": ours["unlimited"]},
+                                           "20mbit": {"compute_only": slow, "p2p-x": ours["20mbit"]}})
+    assert ours["unlimited"].step_overhead == pytest.approx(0.2) and ours["20mbit"].step_overhead == pytest.approx(132 / 121 - 1, abs=1e-4)
+    assert ours["unlimited"].cpu_overhead == pytest.approx(0.21) and ours["20mbit"].cpu_overhead == pytest.approx(0.1)
+    assert ours["20mbit"].ideal_s == pytest.approx(480 * 0.1 + 10.0)  # the first compute-only's speed
+
+
 def test_no_ideal_bound_without_a_ddp_that_reached_the_target():
     co = slow_links_runs.Result("compute_only", "20mbit", train_time_s=110.0, start_s=10.0, steps=1000)
     ddp = slow_links_runs.Result("ddp", "20mbit")  # cut off by --max-time before the target
