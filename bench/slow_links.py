@@ -14,9 +14,10 @@ shards, per-peer batch size, optimizer, learning rate, run seed and step count:
 - ``compute_only``: the same N peers training the same steps with no communication
   (bench/compute_only.py). It does not depend on the rate, so it runs once (in the first
   rate's lab) and its result is repeated under every rate; ``--compute-only-each-rate`` runs it
-  again in every rate's lab: this shared machine's speed drifts over a run of half an hour (a
-  tinylm evaluation took 15% longer in the 20 Mbit/s half of one run than in the first half), and
-  every ratio to compute-only at a rate then compares runs made minutes apart.
+  again in every rate's lab, so that each rate's ratios compare runs made minutes apart, not up
+  to half an hour: on this shared machine the same method's train time moved 4% between two runs
+  20 minutes apart (tinylm, int4-h25, 20 Mbit/s: 352.9 and 338.3 s), as much as a per-step
+  overhead target's margin.
 
 Definitions (the clock, the same for every method: wall seconds from launching the method's
 processes, so process start-up, data loading and joining / rendezvous count (p2p nodes get
