@@ -44,12 +44,12 @@ def compare_with_bounds(results: dict[str, dict[str, Result]]) -> None:
     Per-step overheads compare with the compute-only run at the same rate: the first one, repeated
     under every rate, or one run in each rate's lab (``--compute-only-each-rate``). The ideal
     bound takes the first one's speed."""
-    first = co = next((by["compute_only"] for by in results.values() if "compute_only" in by), None)
+    first = next((by["compute_only"] for by in results.values() if "compute_only" in by), None)
     ddps = [by["ddp"] for by in results.values() if "ddp" in by]
     per_step = start = None
-    if co is not None and co.train_time_s and co.start_s is not None and co.steps:
-        start = co.start_s
-        per_step = (co.train_time_s - co.start_s) / co.steps
+    if first is not None and first.train_time_s and first.start_s is not None and first.steps:
+        start = first.start_s
+        per_step = (first.train_time_s - first.start_s) / first.steps
 
     def ideal(steps: list[Optional[int]]) -> Optional[float]:
         known = [k for k in steps if k is not None]

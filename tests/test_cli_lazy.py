@@ -8,7 +8,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from p2p.cli.app import COMMANDS, GROUPS, build_app
+from p2p.cli.app import COMMANDS, build_app
 
 HEAVY = ("torch", "p2p.config", "p2p.averaging.registry", "p2p.harness.lab", "p2p.sim.engine")
 
@@ -35,7 +35,7 @@ def test_the_whole_app_is_built_for_the_top_level_help_and_a_misspelt_command():
     assert set(HEAVY) - {"torch"} <= loaded_after(["strat"])
 
 
-@pytest.mark.parametrize("name", [*COMMANDS, *GROUPS])
+@pytest.mark.parametrize("name", COMMANDS)
 def test_a_command_alone_parses_and_helps_as_in_the_whole_app(name):
     alone, whole = CliRunner().invoke(build_app(name), [name, "--help"]), CliRunner().invoke(build_app(), [name, "--help"])
     assert alone.exit_code == whole.exit_code == 0

@@ -85,7 +85,7 @@ def test_the_ideal_bound_is_ddps_steps_at_compute_only_speed_after_its_start_up(
 
 
 def test_overheads_compare_with_the_compute_only_run_at_the_same_rate():
-    # --compute-only-each-rate: the machine was slower during the 20 Mbit/s half
+    # --compute-only-each-rate: a compute-only run in each rate's lab, each slower or faster
     fast = slow_links_runs.Result("compute_only", "unlimited", train_time_s=110.0, start_s=10.0, steps=1000,
                                   cpu_s_per_step=0.010)
     slow = slow_links_runs.Result("compute_only", "20mbit", train_time_s=121.0, start_s=11.0, steps=1000,

@@ -1,6 +1,7 @@
 """Membership with real node processes over real ZeroMQ on loopback (SWIM, `--membership local`)."""
 
 import signal
+import socket
 import time
 
 import msgpack
@@ -108,12 +109,9 @@ def test_garbage_and_wrong_version_membership_messages_are_counted(tmp_path):
         assert swarm.stop() == [0]
 
 
-
 def test_a_peer_whose_port_was_taken_before_its_first_start_gets_another_and_joins(tmp_path):
     # LocalSwarm chooses every peer's ports up front, from the ephemeral range; a joiner started
     # late can find them taken by then (here: by us), and would exit at once, "address in use".
-    import socket
-
     swarm = LocalSwarm(2, tmp_path, ARGS)
     taken = swarm.ports[1]
     squatter = socket.socket()

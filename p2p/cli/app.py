@@ -26,7 +26,7 @@ from p2p.cli.errors import CliError
 
 HELP = "Decentralized peer-to-peer training of PyTorch models over ZeroMQ."
 
-# command -> (module, attribute, typer.command keywords); "lab" is a group of its own
+# command -> (module, attribute, keywords): a function is a command, a typer.Typer (lab) a group
 COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "start": ("p2p.cli.start", "start", {}),
     "status": ("p2p.cli.status", "status", {}),
@@ -36,8 +36,6 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "plot": ("p2p.cli.plot", "plot", {}),
     "simulate": ("p2p.cli.simulate", "simulate",
                  {"help": "Run membership (or, with --algorithm, averaging) in the deterministic simulator."}),
-}
-GROUPS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "lab": ("p2p.cli.lab", "lab_app", {"help": "A shaped-network lab: one network namespace per peer (needs root)."}),
 }
 
@@ -51,10 +49,11 @@ def build_app(only: Optional[str] = None) -> typer.Typer:
         app.callback()(lambda: None)
     for name, (module, attr, kw) in COMMANDS.items():
         if only in (None, name):
-            app.command(name, **kw)(getattr(importlib.import_module(module), attr))
-    for name, (module, attr, kw) in GROUPS.items():
-        if only in (None, name):
-            app.add_typer(getattr(importlib.import_module(module), attr), name=name, **kw)
+            target = getattr(importlib.import_module(module), attr)
+            if isinstance(target, typer.Typer):
+                app.add_typer(target, name=name, **kw)
+            else:
+                app.command(name, **kw)(target)
     return app
 
 
@@ -69,7 +68,7 @@ def __getattr__(name: str) -> Any:
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app, turning every user error into one line and an exit code."""
     args = sys.argv[1:] if argv is None else list(argv)
-    named = args[0] if args and (args[0] in COMMANDS or args[0] in GROUPS) else None
+    named = args[0] if args and args[0] in COMMANDS else None
     command = typer.main.get_command(build_app(named))
     try:
         code = command.main(args=args, prog_name="p2p", standalone_mode=False)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import numpy as np
 from p2p.net.client import QueryError, state, status
 from p2p.net.identity import Identity, public_line
 from p2p.net.keyring import load_key_file, new_key_line
-from p2p.net.ports import free_ports
+from p2p.net.ports import free_ports, pair_free
 
 
 def consensus_distance(vectors: Sequence[np.ndarray]) -> float:
@@ -42,23 +41,6 @@ def _write(path: Path, text: str, mode: int) -> str:
     os.chmod(tmp, mode)  # (O_CREAT's mode passes through the umask; an old file keeps its own)
     os.replace(tmp, path)
     return str(path)
-
-
-def _pair_free(host: str, port: int) -> bool:
-    """Can a node bind ``port`` and its bulk port ``port + 1`` on ``host`` right now?"""
-    held = []
-    try:
-        for p in (port, port + 1):
-            s = socket.socket()
-            held.append(s)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the node's listeners do
-            s.bind((host, p))
-        return True
-    except OSError:
-        return False
-    finally:
-        for s in held:
-            s.close()
 
 
 class LocalSwarm:
@@ -101,7 +83,7 @@ class LocalSwarm:
         return cmd
 
     def start_peer(self, i: int, join: Sequence[str]) -> subprocess.Popen:
-        if self.procs[i] is None and self._chose_ports and not _pair_free(self.host, self.ports[i]):
+        if self.procs[i] is None and self._chose_ports and not pair_free(self.host, self.ports[i]):
             # Chosen free at construction, but the ports come from the ephemeral range, and a peer
             # started late (a joiner, after the others trained) can find one taken meanwhile by an
             # outgoing connection: it would exit at once, "address in use", and a test would wait

@@ -37,6 +37,23 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
+def pair_free(host: str, port: int) -> bool:
+    """Can a node bind ``port`` and its bulk port ``port + 1`` on ``host`` right now?"""
+    held = []
+    try:
+        for p in (port, port + 1):
+            s = socket.socket()
+            held.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the node's listeners do
+            s.bind((host, p))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in held:
+            s.close()
+
+
 WILDCARDS = ("0.0.0.0", "::", "*")
 DEFAULT_ROUTE_PROBE = "192.0.2.1:9"  # TEST-NET-1 (RFC 5737): only asks which route the kernel would take
 ATTEMPTS = 20  # a free pair can be taken by another process before we bind it: try again
