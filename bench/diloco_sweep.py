@@ -15,7 +15,8 @@ A variant is ``ddp``, ``compute_only`` or ``CODEC:H:OUTER_LR:OUTER_MOMENTUM`` (C
 one of p2p.averaging.diloco.CODECS; sparseloco at its default 2% density, meant for
 ``sparseloco:H:1.0:0.0``, SparseLoCo's outer rule; ``sparseloco@0.1`` keeps 10% of each chunk,
 as ``--topk-fraction 0.1``; H ``25w300``: H 25 after a warm-up of 300 steps at H 10, as
-``--diloco-warmup-steps 300``). Prints one row per variant: accuracy (mean over peers) at each
+``--diloco-warmup-steps 300``; an optional fifth field ``d4``: the swarm's first 4 rounds int4,
+as ``--diloco-dense-rounds 4``). Prints one row per variant: accuracy (mean over peers) at each
 evaluation step, and the DiLoCo bytes each peer sent (wire payload, all rounds). DiLoCo's
 accuracy is its outer parameters' (theta_start), as the nodes score it: the live model between
 outer steps is one peer's local run, and an evaluation step that is not a multiple of H would
@@ -86,13 +87,15 @@ def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_n
         opts.append(task.make_optimizer(model.parameters()))
         batches.append(task.train_batches(Shard(i, peers), zlib.crc32(f"{seed}:{name}".encode())))
     if variant not in ("ddp", "compute_only"):
-        codec, h, lr, mom = variant.split(":")
+        codec, h, lr, mom, *dense = variant.split(":")
         codec, _, fraction = codec.partition("@")  # sparseloco@0.1: 10% of each chunk (--topk-fraction)
         config = AveragingConfig(compression=codec, round_timeout_s=3600.0,
                                  compression_topk_fraction=float(fraction) if fraction else None)
         h, _, warmup = h.partition("w")  # 25w300: H 25 after a warm-up of 300 steps at H 10
+        # d4: the first 4 rounds int4, dense (--diloco-dense-rounds 4)
         options = DiLoCoConfig(inner_steps=int(h), outer_lr=float(lr), outer_momentum=float(mom),
-                               warmup_steps=int(warmup) if warmup else 0)
+                               warmup_steps=int(warmup) if warmup else 0,
+                               dense_rounds=int(dense[0][1:]) if dense else 0)
         for flat in flats:
             ports.append(_Port(flat, f"{task_name}/{flat.numel}"))
             algs.append(DiLoCo(config, ports[-1], random.Random(seed), 0.0, options))
@@ -168,10 +171,12 @@ def main(argv=None) -> int:
         parts = v.split(":")
         codec, at, fraction = parts[0].partition("@")
         h, w, warmup = parts[1].partition("w") if len(parts) > 1 else ("", "", "")
-        if v not in ("ddp", "compute_only") and (len(parts) != 4 or codec not in DILOCO_CODECS
+        if v not in ("ddp", "compute_only") and (len(parts) not in (4, 5) or codec not in DILOCO_CODECS
                                                   or (at and not _fraction(fraction))
-                                                  or not h.isdigit() or (w and not warmup.isdigit())):
-            ap.error(f"--variants: {v!r} is not ddp, compute_only or CODEC[@FRACTION]:H[wWARMUP]:OUTER_LR:OUTER_MOMENTUM")
+                                                  or not h.isdigit() or (w and not warmup.isdigit())
+                                                  or (len(parts) == 5 and not (parts[4][:1] == "d" and parts[4][1:].isdigit()))):
+            ap.error(f"--variants: {v!r} is not ddp, compute_only or "
+                     "CODEC[@FRACTION]:H[wWARMUP]:OUTER_LR:OUTER_MOMENTUM[:dROUNDS]")
 
     def one(v: str) -> dict:
         cmd = [sys.executable, os.path.abspath(__file__), "--one", v, "--steps", str(args.steps),

@@ -196,6 +196,54 @@ def timed_rounds(waits, step_s=0.5):
     return codecs, peers
 
 
+def overlapped_rounds(lengths, step_s=0.5):
+    """As timed_rounds, with overlap: round r's shares arrive ``lengths[r]`` after it began,
+    while the trainer takes the next period's steps; it waits only at the gate before the step
+    that closes that period, if the round is still out."""
+    rng = np.random.default_rng(6)
+    options = DiLoCoConfig(inner_steps=2, dense_rounds=4, overlap=True)
+    peers = [make(np.zeros(N), options, compression="sparseloco") for _ in range(2)]
+    names, now, codecs, k, out = ["p0", "p1"], 0.0, [], 0, []
+
+    def deliver():
+        nonlocal now
+        now, sends = out.pop(0)
+        for name, (_, alg) in zip(names, peers):
+            for src, sent in sends.items():
+                for s in sent:
+                    if s.to == name:
+                        alg.receive(src, s.msg, now, [n for n in names if n != name])
+
+    while len(codecs) < len(lengths) or out:
+        k, now = k + 1, now + step_s
+        while out and out[0][0] <= now:
+            deliver()
+        sends = {}
+        for name, (port, alg) in zip(names, peers):
+            port.x -= rng.standard_normal(N).astype(np.float32) * 0.01
+            port.step = k
+            sends[name] = alg.after_step(k, now, [n for n in names if n != name]) if alg.after_step_wanted(k) else []
+        if any(sends.values()):
+            codecs.append({s.msg.codec for sent in sends.values() for s in sent})
+            out.append((now + lengths[len(codecs) - 1], sends))
+        # every trainer at its gate (from now), waiting until the round's shares are in
+        while not all([alg.may_step(k + 1, now) for _, alg in peers if alg.gate_wanted(k + 1)]):
+            deliver()
+    return codecs, peers
+
+
+def test_with_overlap_dense_rounds_stop_on_the_trainer_s_wait_not_the_round_s_length():
+    # rounds of 1.2 s, longer than the period's 1 s of compute, but beside the next period:
+    # the trainer waits 0.7 s at its gate (one 0.5 s step went on beside the round), so every
+    # dense round goes out
+    codecs, peers = overlapped_rounds([1.2] * 6)
+    assert codecs == [{"int4"}] * 4 + [{"sparseloco"}] * 2
+    assert all(alg.stats["dense_rounds"] == 4 for _, alg in peers)
+    # a round of 2 s: the trainer waits 1.5 s, more than the period's compute: no more dense
+    codecs, _ = overlapped_rounds([1.2, 2.0, 1.2, 1.2])
+    assert codecs == [{"int4"}] * 2 + [{"sparseloco"}] * 2
+
+
 def test_dense_rounds_stop_once_one_takes_longer_than_the_compute_it_saves():
     # a link that carries them: every dense round (4), then sparseloco
     codecs, peers = timed_rounds([0.3] * 6)

@@ -679,8 +679,10 @@ class DiLoCo(AsynchronousHooks):
             # outer_schedule.py rule 5), in step and not cut, and its link was fast enough.
             missing = self._wait_for - mixed.senders - self._rounds.moved_on()
             self._observe_wait(mixed, missing, now)
-            if self._dense.sent and not missing:
-                self._dense.round_ended(now - self._began_at, self._began_at, self._boundary_step,
+            if self._dense.sent and not missing:  # judged by what the trainer waited for it (with
+                # overlap, not the round's length: it ran beside the next steps)
+                waited = now - self._blocked_since if self._blocked_since is not None else 0.0
+                self._dense.round_ended(waited, self._began_at, self._boundary_step,
                                         self._schedule.step_s, self._schedule.h, self.stats)
             if self._scatter is None:  # else when the slices are gathered
                 self._watch.note_average(r, mixed.payload[1], mixed, tau is None)
