@@ -75,11 +75,15 @@ same way for all):
   counts too. Only for runs that completed their steps.
   The trainer's wait at the outer rounds is in the node's "waited Ns" (``p2p status``: gate_wait_s).
 Ratios in the table (time to target / compute-only's, / DDP's at the same rate) come from this
-one run only: the machine is shared, so compare within a run, never across runs.
+one run only: the machine is shared, so compare within a run, never across runs. Even within a
+run one try of a method is a coarse sample: on nodes.wide the same configuration's x ideal to
+0.80 moved between 1.3 and 1.8 from run to run (stop 34), as evaluations (every --eval-every
+seconds, ~0.5 s each) land before or after the crossing. ``--repeat N`` runs every p2p method N
+times at each rate, pass after pass (the baselines once), and adds each one's median and range.
 
     python bench/slow_links.py [--rates unlimited,1000mbit,100mbit,20mbit] [--peers 4]
         [--task tinylm] [--steps N] [--methods p2p-diloco-sparse-h25,ddp,compute_only] [--max-time 600]
-        [--only-at ddp:unlimited,torch-localsgd-h25:unlimited/100mbit] [--compute-only-each-rate]
+        [--only-at ddp:unlimited,torch-localsgd-h25:unlimited/100mbit] [--compute-only-each-rate] [--repeat N]
         [--json] [--quick]        (--methods p2p: every P2P_CONFIGS entry; the full default run: ~75 min)
 
 Writes bench/out/slow_links.md, bench/out/slow_links.png and bench/out/slow_links.json (the
@@ -210,9 +214,19 @@ def plan_methods(methods: list[str]) -> list[tuple[str, Optional[list[str]]]]:
     return list(dict((name, (name, extra)) for name, extra in plan).values())  # no repeats
 
 
+def run_order(plan: list[tuple[str, Optional[list[str]]]], repeat: int) -> list[tuple[str, str, Optional[list[str]]]]:
+    """[(result name, method, extra args)] for one rate: the plan, then (``--repeat``) the p2p
+    methods again, pass after pass, named "METHOD #2", "METHOD #3", ...: interleaved, so that a
+    slow spell of the shared machine falls on every method rather than on one's runs."""
+    order = [(name, name, extra) for name, extra in plan]
+    for i in range(2, repeat + 1):
+        order += [(f"{name} #{i}", name, extra) for name, extra in plan if extra is not None]
+    return order
+
+
 def run_all(rates: list[str], plan: list[tuple[str, Optional[list[str]]]], s: Settings, prefix: str,
             subnet: str, out: Path, only_at: Optional[dict[str, set[str]]] = None,
-            compute_only_each_rate: bool = False) -> dict[str, dict[str, Result]]:
+            compute_only_each_rate: bool = False, repeat: int = 1) -> dict[str, dict[str, Result]]:
     results: dict[str, dict[str, Result]] = {}
     compute_only: Optional[Result] = None
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -220,20 +234,20 @@ def run_all(rates: list[str], plan: list[tuple[str, Optional[list[str]]]], s: Se
         label = "unlimited" if parse_rate(rate) is None else rate
         results[label] = {}
         with Lab(s.peers, None if label == "unlimited" else rate, prefix=prefix, subnet=subnet) as lab:
-            for name, extra in plan:
+            for key, name, extra in run_order(plan, repeat):
                 if name == "compute_only" and compute_only is not None and not compute_only_each_rate:
                     results[label][name] = Result(**{**asdict(compute_only), "rate": label})
                     continue
                 if only_at and name in only_at and label not in only_at[name]:
                     continue  # --only-at (DDP's steps to a target are the same at any rate: x ideal)
-                log_dir = out / "logs" / stamp / label / name
-                log(f"{label}: {name} ({s.peers} peers, {s.steps} steps, task {s.task}) ...")
+                log_dir = out / "logs" / stamp / label / key.replace(" #", "-")
+                log(f"{label}: {key} ({s.peers} peers, {s.steps} steps, task {s.task}) ...")
                 r = run_p2p(lab, name, extra, s, log_dir) if extra is not None else run_workers(lab, name, s, log_dir)
                 r.rate = label
-                log(f"{label}: {name}: {r.status}; time to target {fmt(r.time_to_target_s)} s, "
+                log(f"{label}: {key}: {r.status}; time to target {fmt(r.time_to_target_s)} s, "
                     f"train time {fmt(r.train_time_s)} s, {fmt_mb(r.bytes_per_peer)} MB/peer, "
                     f"final acc {fmt(r.final_accuracy, 4)}, steps {r.steps}")
-                results[label][name] = r
+                results[label][key] = r
                 if name == "compute_only":
                     compute_only = r
         compare_at_equal_steps(results[label])
@@ -255,6 +269,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "the ideal bound without DDP's hours at 20 Mbit/s (no x DDP column at the other rates)")
     ap.add_argument("--compute-only-each-rate", action="store_true",
                     help="run compute_only in every rate's lab, not once: a baseline measured beside each rate's runs")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every p2p method this many times at each rate, interleaved (the baselines once); "
+                         "the report adds each one's median and range")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=float, default=None, help="seconds between evaluations")
     ap.add_argument("--poll", type=float, default=0.5, help="p2p nodes' --log-every, seconds")
@@ -280,6 +297,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         ap.error(str(exc))
     if args.peers < 1:
         ap.error("--peers must be >= 1")
+    if args.repeat < 1:
+        ap.error("--repeat must be >= 1")
     try:
         plan = plan_methods([m.strip() for m in args.methods.split(",") if m.strip()])
     except ValueError as exc:
@@ -315,7 +334,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     try:
-        results = run_all(rates, plan, s, args.prefix, args.subnet, out, only_at, args.compute_only_each_rate)
+        results = run_all(rates, plan, s, args.prefix, args.subnet, out, only_at, args.compute_only_each_rate,
+                          args.repeat)
     except LabError as exc:
         print(f"slow_links: {exc}", file=sys.stderr)
         return 1

@@ -114,6 +114,7 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
         lines += _high_target_table(results, s)
     lines += _equal_steps_table(results)
     lines += _overhead_table(results)
+    lines += repeats_table(results, s)
     ideal = next((r for by in results.values() for r in by.values()), None)
     lines += ["", f"Ideal bound (× ideal): DDP's steps to the target at compute-only's seconds per step, plus "
               f"compute-only's start-up: {fmt(ideal.ideal_s if ideal else None)} s to {s.target:g}"
@@ -127,6 +128,43 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
               "or before the fewest steps per peer any method at that rate completed (equal steps = "
               "equal total samples: the same peers, batch size and data).", ""]
     return "\n".join(lines)
+
+
+def _spread(values: list[Optional[float]], show) -> str:
+    """"median [min-max] (n)" of the known values; unreached ones (None) counted apart."""
+    known = sorted(v for v in values if v is not None)
+    if not known:
+        return "never"
+    mid = len(known) // 2
+    median = known[mid] if len(known) % 2 else (known[mid - 1] + known[mid]) / 2
+    missed = len(values) - len(known)
+    return (f"{show(median)} [{show(known[0])}–{show(known[-1])}]" + (f", {missed} never" if missed else ""))
+
+
+def repeats_table(results: dict[str, dict[str, Result]], s: Settings) -> list[str]:
+    """With --repeat: each method's median and range over its runs at a rate (single runs of
+    this shared machine moved a ratio by 0.3-0.5 between runs minutes apart, stop 34)."""
+    groups: dict[tuple[str, str], list[Result]] = {}
+    for rate, by_method in results.items():
+        for name, r in by_method.items():
+            groups.setdefault((rate, name.split(" #")[0]), []).append(r)
+    repeated = {k: runs for k, runs in groups.items() if len(runs) > 1}
+    if not repeated:
+        return []
+    x = lambda a, b: None if a is None or b is None or b <= 0 else a / b  # noqa: E731
+    lines = ["", "## Repeats: median [range] over each method's runs", "",
+             f"| rate | method | runs | time to {s.target:g} (s) | × ideal "
+             + (f"| time to {s.target_high:g} (s) | × ideal " if s.target_high is not None else "")
+             + "| per-step overhead |",
+             "| --- | --- | ---: | ---: | ---: " + ("| ---: | ---: " if s.target_high is not None else "") + "| ---: |"]
+    for (rate, name), runs in repeated.items():
+        row = (f"| {rate} | {name} | {len(runs)} | {_spread([r.time_to_target_s for r in runs], fmt)} "
+               f"| {_spread([x(r.time_to_target_s, r.ideal_s) for r in runs], lambda v: f'{v:.2f}')} ")
+        if s.target_high is not None:
+            row += (f"| {_spread([r.time_to_high_s for r in runs], fmt)} "
+                    f"| {_spread([x(r.time_to_high_s, r.ideal_high_s) for r in runs], lambda v: f'{v:.2f}')} ")
+        lines.append(row + f"| {_spread([r.step_overhead for r in runs], _percent)} |")
+    return lines
 
 
 def _percent(x: Optional[float]) -> str:

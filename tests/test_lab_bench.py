@@ -130,6 +130,31 @@ def test_methods_expand_to_every_p2p_configuration_then_the_baselines():
         slow_links.plan_methods(["allreduce"])
 
 
+def test_repeats_run_the_p2p_methods_again_pass_after_pass_and_the_baselines_once():
+    plan = slow_links.plan_methods(["p2p-diloco-sparse-h25", "ddp", "p2p-diloco-int4-h25", "compute_only"])
+    order = slow_links.run_order(plan, 3)
+    assert [key for key, _, _ in order] == [
+        "p2p-diloco-sparse-h25", "ddp", "p2p-diloco-int4-h25", "compute_only",
+        "p2p-diloco-sparse-h25 #2", "p2p-diloco-int4-h25 #2", "p2p-diloco-sparse-h25 #3", "p2p-diloco-int4-h25 #3"]
+    assert all(extra == slow_links.P2P_CONFIGS[method] for key, method, extra in order if "#" in key)
+    assert slow_links.run_order(plan, 1) == [(name, name, extra) for name, extra in plan]
+
+
+def test_repeats_are_summarised_by_median_and_range_and_count_the_runs_that_never_got_there():
+    s = slow_links_runs.Settings("t", 4, 1000, 0, 1.0, 0.5, 600, target=0.8, target_high=0.9)
+    runs = {"p2p-x": (12.0, 20.0, 0.05), "p2p-x #2": (10.0, None, 0.15), "p2p-x #3": (15.0, 24.0, -0.02)}
+    by = {name: slow_links_runs.Result("p2p-x", "20mbit", time_to_target_s=t, time_to_high_s=high,
+                                       step_overhead=o, ideal_s=8.0, ideal_high_s=16.0)
+          for name, (t, high, o) in runs.items()}
+    by["ddp"] = slow_links_runs.Result("ddp", "20mbit", time_to_target_s=14.0)
+    lines = slow_links_report.repeats_table({"20mbit": by}, s)
+    rows = [line for line in lines if line.startswith("| 20mbit")]
+    assert rows == ["| 20mbit | p2p-x | 3 | 12.0 [10.0–15.0] | 1.50 [1.25–1.88] | 22.0 [20.0–24.0], 1 never "
+                    "| 1.38 [1.25–1.50], 1 never | +5% [-2%–+15%] |"]  # a method run once has no row
+    assert slow_links_report.repeats_table({"20mbit": {"ddp": by["ddp"]}}, s) == []
+    assert "## Repeats" in slow_links_report.markdown({"20mbit": by}, s, wall_s=60.0)
+
+
 def test_torch_local_sgd_methods_name_their_period():
     plan = slow_links.plan_methods(["torch-localsgd-h25", "torch-localsgd-h100"])
     assert plan == [("torch-localsgd-h25", None), ("torch-localsgd-h100", None)]  # worker methods
@@ -161,7 +186,8 @@ def test_progress_lines_of_a_node_are_parsed_as_they_grow(tmp_path):
                                          (["--methods", "allreduce"], "unknown method"),
                                          (["--task", "nope"], "unknown task"),
                                          (["--rates", "20mbit", "--only-at", "ddp:unlimited"], "not in --rates"),
-                                         (["--rates", "20mbit", "--only-at", "gloo:20mbit"], "a method of --methods")])
+                                         (["--rates", "20mbit", "--only-at", "gloo:20mbit"], "a method of --methods"),
+                                         (["--repeat", "0"], "--repeat must be >= 1")])
 def test_the_benchmark_refuses_bad_arguments_in_one_line(args, words, capsys):
     with pytest.raises(SystemExit) as exc:
         slow_links.main(args)
