@@ -122,7 +122,8 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
               + " (— when this run has no DDP that reached it, or no finished compute-only). "
               "Per-step overhead: train time ÷ compute-only's − 1."]
     lines += ["", "compute_only runs once (it sends nothing, so the rate does not matter) and is "
-              "repeated under every rate. \"MB to target\": mean bytes a peer put on its link until "
+              "repeated under every rate, or once in each rate's lab with --compute-only-each-rate. "
+              "\"MB to target\": mean bytes a peer put on its link until "
               "the time to target (counted at the bridge: payload plus TCP/IP/Ethernet headers). "
               "\"Accuracy at equal steps\": each method's mean accuracy from its last evaluations at "
               "or before the fewest steps per peer any method at that rate completed (equal steps = "
