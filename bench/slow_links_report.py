@@ -132,7 +132,7 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
 
 
 def _spread(values: list[Optional[float]], show) -> str:
-    """"median [min-max] (n)" of the known values; unreached ones (None) counted apart."""
+    """"median [min–max]" of the known values, and how many runs never got there (None)."""
     known = sorted(v for v in values if v is not None)
     if not known:
         return "never"

@@ -66,8 +66,8 @@ class DenseRounds:
         period's compute, H x ``step_s`` (the measured seconds per inner step), or in the first
         round the pace since the first step's end. The wait, not the round's length: with
         overlap a round runs beside the next period, and one that ends within it cost nothing
-        (on 4 peers sharing 2 cores, rounds of H 10 outlasted their 0.3 s period from skew
-        alone, and the length stopped the dense rounds after the first)."""
+        (stop 34, 4 peers sharing 2 cores: rounds of H 10 outlasted their 0.3 s period from
+        skew alone, and the length stopped the dense rounds after the first)."""
         stats["dense_rounds"] += 1
         if step_s is not None:
             compute = step_s * h
