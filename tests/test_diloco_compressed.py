@@ -10,8 +10,10 @@ from p2p.averaging.diloco import DiLoCo, DiLoCoConfig, OuterDone, OuterShare, Ou
 from p2p.averaging.outer_copies import SKETCH_SIZE, sketch_positions, sketches_differ
 from p2p.averaging.registry import check_combination
 from p2p.averaging.rounds import NeighbourRounds
+from p2p.cli.status_view import dense_line
 from p2p.compression import decompress, make_compressor
 from p2p.compression.messages import compressed_fields
+from p2p.ops.metrics import SwarmCollector
 from p2p.protocol import LocalProtocolError, RemoteProtocolError
 from p2p.sim.avg_port import ArrayPort
 from p2p.wire import decode, encode
@@ -242,6 +244,16 @@ def test_with_overlap_dense_rounds_stop_on_the_trainer_s_wait_not_the_round_s_le
     # a round of 2 s: the trainer waits 1.5 s, more than the period's compute: no more dense
     codecs, _ = overlapped_rounds([1.2, 2.0, 1.2, 1.2])
     assert codecs == [{"int4"}] * 2 + [{"sparseloco"}] * 2
+
+
+def test_the_dense_rounds_sent_show_in_status_and_in_the_metrics():
+    _, peers = overlapped_rounds([1.2, 2.0, 1.2, 1.2])  # two sent, then the link did not carry them
+    info = {"step": 8, "averaging": dict(peers[0][1].stats)}
+    assert dense_line(info).startswith("diloco dense first rounds: 2 sent as int4")
+    assert dense_line({"averaging": {"dense_rounds": 0}}) == "" and dense_line({}) == ""
+    sent = [s.value for m in SwarmCollector(lambda: info).collect() if m.name == "p2p_diloco_dense_rounds"
+            for s in m.samples]
+    assert sent == [2]
 
 
 def test_dense_rounds_stop_once_one_takes_longer_than_the_compute_it_saves():

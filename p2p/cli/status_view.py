@@ -19,7 +19,7 @@ def render_status(info: dict, console: Console | None = None) -> None:
     consensus = info.get("consensus")
     if consensus is not None:
         console.print(f"consensus estimate {consensus:.3g} (relative distance to partners' models)")
-    for line in (flood_line(info), _robust_line(info), _inner_steps_line(info), _scatter_line(info),
+    for line in (flood_line(info), _robust_line(info), _inner_steps_line(info), dense_line(info), _scatter_line(info),
                  _repair_line(info)):
         if line:
             console.print(line)
@@ -76,6 +76,14 @@ def inner_steps_summary(avg: dict) -> str:
 def _inner_steps_line(info: dict) -> str:
     line = inner_steps_summary(info.get("averaging") or {})
     return f"diloco {line} inner steps per outer step" if line else ""
+
+
+def dense_line(info: dict) -> str:
+    """DiLoCo's dense first rounds (p2p/averaging/outer_dense.py) this node sent, or "" for none:
+    whether the link carried them shows here (they stop after one the trainer waited too long for)."""
+    sent = (info.get("averaging") or {}).get("dense_rounds", 0)
+    return (f"diloco dense first rounds: {sent} sent as int4 (--diloco-dense-rounds; they stop after one the "
+            f"trainer waited for longer than its period's compute)") if sent else ""
 
 
 def _scatter_line(info: dict) -> str:

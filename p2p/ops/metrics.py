@@ -94,6 +94,9 @@ class SwarmCollector(Collector):
         if "inner_steps" in avg:  # DiLoCo's H now (p2p/averaging/outer_schedule.py: fixed, or chosen by auto)
             yield _gauge("p2p_diloco_inner_steps", "DiLoCo inner steps per outer step (H) in the period under way",
                          avg["inner_steps"])
+        if "dense_rounds" in avg:  # DiLoCo's dense first rounds (p2p/averaging/outer_dense.py)
+            yield CounterMetricFamily("p2p_diloco_dense_rounds", "DiLoCo outer rounds this node sent as int4 instead of "
+                                      "sparseloco (--diloco-dense-rounds)", value=avg["dense_rounds"])
         if "repairs_started" in avg:  # DiLoCo's repairs of copies apart (p2p/averaging/outer_repair.py)
             repairs = CounterMetricFamily("p2p_repairs", "Repairs of theta_start copies apart, by outcome",
                                           labels=["outcome"])
