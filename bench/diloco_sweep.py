@@ -174,7 +174,8 @@ def main(argv=None) -> int:
         if v not in ("ddp", "compute_only") and (len(parts) not in (4, 5) or codec not in DILOCO_CODECS
                                                   or (at and not _fraction(fraction))
                                                   or not h.isdigit() or (w and not warmup.isdigit())
-                                                  or (len(parts) == 5 and not (parts[4][:1] == "d" and parts[4][1:].isdigit()))):
+                                                  or (len(parts) == 5 and not (parts[4][:1] == "d"
+                                                                               and parts[4][1:].isdigit()))):
             ap.error(f"--variants: {v!r} is not ddp, compute_only or "
                      "CODEC[@FRACTION]:H[wWARMUP]:OUTER_LR:OUTER_MOMENTUM[:dROUNDS]")
 
