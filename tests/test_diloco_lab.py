@@ -64,11 +64,11 @@ def inner_steps(round_s: float = ROUND_S) -> int:
     return max(MIN_H, math.ceil(round_s / step_s))
 
 
-def args(h: int) -> list[str]:
+def args(h: int, overlap: bool) -> list[str]:
     return ["--task", "nodes.wide:WideTask", "--steps", "100000", "--eval-every", "1000000", "--log-every", "0",
             "--linger", "0", "--join-timeout", "60", "--membership", "local", "--algorithm", "diloco",
             "--compression", "sparseloco", "--diloco-inner-steps", str(h), "--diloco-outer-lr", "1.0",
-            "--diloco-outer-momentum", "0", "--min-members", str(PEERS)]
+            "--diloco-outer-momentum", "0", "--min-members", str(PEERS)] + (["--diloco-overlap"] if overlap else [])
 LEVEL = 1.5  # "at the codec's level": at most this many times the steady state's bytes per round
 
 
@@ -120,15 +120,16 @@ def counters(s):
     keys = ("outer_steps", "repairs_started", "repairs_completed", "catch_ups_started", "catch_ups_completed",
             "repairs_replayed", "replays_missing", "repairs_failed", "repair_stale", "repair_chunks_missed",
             "repairs_diverged", "repair_bytes", "copies_apart", "rounds_partial", "rounds_passed", "rounds_overtaken",
-            "jumps", "repair_in_flight")
+            "jumps", "repair_in_flight", "gates_passed")
     return [{**{k: x["averaging"].get(k) for k in keys}, "send_drops": x["send_drops"]} for x in s]
 
 
-def test_a_peer_cut_for_two_rounds_is_caught_up_within_three_and_the_rounds_shrink_back(lab, tmp_path):
+@pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlap"])
+def test_a_peer_cut_for_two_rounds_is_caught_up_within_three_and_the_rounds_shrink_back(lab, tmp_path, overlap):
     cut = PEERS - 1
     h = inner_steps()
     print("H", h, flush=True)
-    with LabSwarm(lab, tmp_path, args(h), per_peer_args=[["--shard", f"{i}/{PEERS}"] for i in range(PEERS)]) as swarm:
+    with LabSwarm(lab, tmp_path, args(h, overlap), per_peer_args=[["--shard", f"{i}/{PEERS}"] for i in range(PEERS)]) as swarm:
         swarm.start()
         wait_until(lambda: (s := statuses(swarm)) and all(x["averaging"]["outer_steps"] >= 2 for x in s),
                    300, interval_s=0.2, what="two outer steps on every peer")  # start-up: imports
@@ -158,8 +159,15 @@ def test_a_peer_cut_for_two_rounds_is_caught_up_within_three_and_the_rounds_shri
         # round still in flight during the first catch-up may take a second, smaller one (seen
         # at load 3: 822 KB then 548 KB), and a cut in the middle of a round can split the others
         # too (they mend that by a replay or a catch-up). None is a pull.
-        c = at_round(swarm, k0 + 3, "three rounds after the restore")
+        # With overlap one round more: a catch-up lands at an outer step, and there a round is in
+        # flight beside the next period (1 of 5 runs needed the fourth).
+        c = at_round(swarm, k0 + 3 + overlap, "three rounds after the restore")
         back, was = c[cut]["averaging"], b[cut]["averaging"]
+        # With overlap the others' trainers did not wait out the round the cut peer held to its
+        # deadline: they went on past its gate (diloco.py, "Overlap"; one that passed a gate in the
+        # 4 outer steps before waits: 1 run in 5). Blocking rounds wait.
+        passed = [x["averaging"]["gates_passed"] - y["averaging"]["gates_passed"] for x, y in zip(c, b)]
+        assert any(p > 0 for p in passed[:cut]) if overlap else passed == [0] * PEERS, passed
         assert back["catch_ups_completed"] > was["catch_ups_completed"], (counters(b), counters(c))
         # From then on (rounds 4-6 after the restore) the rounds carry the codec's bytes, nothing
         # pulled, nothing left in flight.

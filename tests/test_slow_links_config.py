@@ -56,7 +56,9 @@ def test_peers_started_with_the_slow_links_file_average_on_the_warm_up_steps_and
         avg = s["averaging"]
         assert s["step"] == steps and sum(s["rejected"].values()) == 0, s["rejected"]
         assert s["bandwidth"]["codec"] == "sparseloco" and avg["inner_steps"] == 25 and avg["warmup_until"] == 0, avg
-        assert avg["outer_steps"] == 7 and avg["boundaries_skipped"] == 0, avg
+        # every boundary's round, on every peer: a peer that went on past a late round (a gate
+        # passed, its boundary skipped) answered it after its last step (diloco.py, "Overlap")
+        assert avg["outer_steps"] == 7 and avg["boundaries_skipped"] <= avg["gates_passed"], avg
     # every peer took the same outer steps: after the last one the models are theta_start, one copy
     scale = float(np.linalg.norm(np.mean(params, axis=0)))
     assert consensus_distance(params) < 1e-5 * scale

@@ -52,9 +52,11 @@ steps taken since the boundary (which the next Delta counts, against theta_start
 waits only before the step that closes the next period if the round is still in flight (a round
 more than one period behind), and at the end of training (``may_finish``), so the last outer
 step is in the final model. A round that takes less than H steps of compute then costs the
-trainer nothing. Only with one gossip round per outer step (``full``, the slow-link
-configuration): several rounds on a sparse graph mix theta_start itself, and with the peers no
-longer held at the same boundary the simulator saw their rounds fall out of step (partial
+trainer nothing. It waits there only while the round runs at its usual pace: a round held far
+past it (a cut neighbour waited for until the deadline) lets the trainer go on, at most once in 4
+outer steps (p2p/averaging/outer_gate.py; counted: ``gates_passed``). Only with one gossip
+round per outer step (``full``, the slow-link configuration): several rounds on a sparse graph
+mix theta_start itself, and with the peers no longer held at the same boundary the simulator saw their rounds fall out of step (partial
 rounds, jumps) and the copies drift apart, so there the trainer waits as without overlap.
 Off by default because in the simulator (8 peers, 150 steps, 2 joins and 2 crashes, seeds 0-9:
 ``p2p.sim.avg_sim.run("diloco", "full", ..., churn=Churn(joins=2, crashes=2))``) the optimality
@@ -176,6 +178,7 @@ from p2p.averaging.outer_scatter import OuterGather, OuterScatter, OuterSlice, h
 from p2p.averaging.outer_schedule import MAX_PROPOSAL, InnerSchedule
 from p2p.averaging import outer_mending
 from p2p.averaging.outer_mending import Mending
+from p2p.averaging.outer_gate import TrainerGate
 from p2p.averaging.outer_repair import propagate
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
                                state_array, state_int)
@@ -328,7 +331,7 @@ class DiLoCo(AsynchronousHooks):
         self._dense = DenseRounds(self.options.dense_rounds, feedback)  # the first rounds' codec (outer_dense.py)
         self.outer_at_step = port.step  # the inner steps the outer parameters hold (p2p.Swarm.evaluation_step)
         self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0,
-                                      "rounds_realigned": 0, "dense_rounds": 0}
+                                      "rounds_realigned": 0, "dense_rounds": 0, "gates_passed": 0}
         self._scatter = None  # the reduce-scatter round (outer_scatter.py): it compresses the slices
         if self.options.reduce_scatter:
             self._scatter = OuterScatter(config.compression, config.compression_block, port.numel, port.model_key,
@@ -392,7 +395,7 @@ class DiLoCo(AsynchronousHooks):
         # The last round when it got no share: (round, our proposal, our step, the (proposal,
         # step) of each share that came late for it), for the schedule (outer_schedule.py rule 5)
         self._alone: tuple[int, int, int, dict[str, tuple[int, int]]] | None = None
-        self._blocked_since: float | None = None  # when the trainer began waiting at a gate (not compute)
+        self._gate = TrainerGate(self._overlap)  # the trainer's wait for the round (outer_gate.py)
         self._show_schedule()
 
     @property
@@ -463,7 +466,8 @@ class DiLoCo(AsynchronousHooks):
             return -math.inf  # chunks to send, a pulled state to apply: tick does it now
         scatter = math.inf if self._scatter is None else self._scatter.deadline
         final = self._finals.next_at if self._done and not self._syncing else math.inf
-        return min(self._rounds.wake_at, self._continue_at, scatter, self._mend.next_deadline(), final)
+        release = self._gate.release_at(self._began_at, self._wait_ewma, self.stats["outer_steps"])
+        return min(self._rounds.wake_at, self._continue_at, scatter, self._mend.next_deadline(), final, release)
 
     @property
     def outer_parameters(self) -> np.ndarray:
@@ -681,7 +685,7 @@ class DiLoCo(AsynchronousHooks):
             self._observe_wait(mixed, missing, now)
             if self._dense.sent and not missing:  # judged by what the trainer waited for it (with
                 # overlap, not the round's length: it ran beside the next steps)
-                waited = now - self._blocked_since if self._blocked_since is not None else 0.0
+                waited = self._gate.waited_for(now)
                 self._dense.round_ended(waited, self._began_at, self._boundary_step,
                                         self._schedule.step_s, self._schedule.h, self.stats)
             if self._scatter is None:  # else when the slices are gathered
@@ -739,9 +743,7 @@ class DiLoCo(AsynchronousHooks):
         self.port.add_delta(move)
         self._start, self._shipped = new_start, None
         self._syncing = False
-        if self._blocked_since is not None:  # the trainer waited for this round at a gate
-            self._schedule.paused(now - self._blocked_since)
-            self._blocked_since = None
+        self._schedule.paused(self._gate.landed(now))  # the trainer's wait for it: not compute
         self._payload = ()
         self.stats["outer_steps"] += 1
         self.outer_at_step = self.port.step if self._done else self._boundary_step
@@ -794,13 +796,17 @@ class DiLoCo(AsynchronousHooks):
         self._dense.gate(now)
         if self._syncing and self._continue_at == math.inf:
             self._poll(now)
-        if self._syncing and self._blocked_since is None:
-            self._blocked_since = now
-        return not self._syncing
+        if not self._syncing:
+            return True
+        if not self._gate.may_go(now, self._began_at, self._wait_ewma, self.stats["outer_steps"]):
+            return False
+        self.stats["gates_passed"] += 1  # each gate passed with the round still in flight
+        return True
 
     def may_finish(self, now: float) -> bool:
         """The trainer's last step was taken: it waits for the round in flight (with overlap,
         the last outer step then lands in the final model, as without)."""
+        self._gate.finishing = True  # no going on without the round now
         return self.may_step(0, now)
 
     def after_step(self, step: int, now: float, neighbours: Sequence[str]) -> list[Send]:
