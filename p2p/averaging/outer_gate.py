@@ -64,7 +64,8 @@ class TrainerGate:
         return began_at + UNUSUAL * usual_wait
 
     def waited_for(self, now: float) -> float:
-        """What the trainer has waited at the gate for the round in flight (0: it never waited)."""
+        """What the trainer has waited at the gate for the round in flight (0: it never waited;
+        once it went on, what it would have waited: the dense rounds' rule judges the round by it)."""
         return 0.0 if self.blocked_since is None else now - self.blocked_since
 
     def landed(self, now: float) -> float:
