@@ -33,7 +33,9 @@ NUMEL = 2_176_010  # nodes.wide:WideTask
 # the test was written on: 3 of 8 runs failed, none of 4 at H 50). After the restore the link
 # needs ~1.5 s in absolute time (TCP's backed-off retransmissions, the cut peer's stuck round
 # and its 2 s floor, rounds.py's patience) before the cut peer even compares a sketch again.
-ROUND_S = 1.4
+# Stop 35: at 1.4 s (H 43) the catch-up missed the third round in 2 of ~14 runs of the blocking
+# case under the suite's load (its code unchanged that stop), the cut peer still 3 rounds behind.
+ROUND_S = 2.0
 MIN_H = 25  # the period
 
 
