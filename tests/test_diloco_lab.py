@@ -131,7 +131,8 @@ def test_a_peer_cut_for_two_rounds_is_caught_up_within_three_and_the_rounds_shri
     cut = PEERS - 1
     h = inner_steps()
     print("H", h, flush=True)
-    with LabSwarm(lab, tmp_path, args(h, overlap), per_peer_args=[["--shard", f"{i}/{PEERS}"] for i in range(PEERS)]) as swarm:
+    shards = [["--shard", f"{i}/{PEERS}"] for i in range(PEERS)]
+    with LabSwarm(lab, tmp_path, args(h, overlap), per_peer_args=shards) as swarm:
         swarm.start()
         wait_until(lambda: (s := statuses(swarm)) and all(x["averaging"]["outer_steps"] >= 2 for x in s),
                    300, interval_s=0.2, what="two outer steps on every peer")  # start-up: imports
