@@ -24,8 +24,13 @@ processes, so process start-up, data loading and joining / rendezvous count (p2p
 ``--min-members N``: like gloo's rendezvous, nobody trains until all N are up); evaluation runs
 inline in every method's training loop every ``--eval-every`` seconds, so its time counts the
 same way for all):
-- accuracy curve: at each moment, the mean over peers of each peer's latest held-out
-  accuracy, defined once every peer has been evaluated (DDP ranks hold one model: rank 0's).
+- accuracy curve: at each evaluation, the mean over peers of each peer's held-out accuracy at
+  that moment, interpolated linearly between its own evaluations either side (its last one
+  after it), defined once every peer has been evaluated (DDP ranks hold one model: rank 0's).
+  The interpolation is the one time_to_target applies to a single evaluator's curve, so N peers
+  evaluating out of phase are scored as DDP's one evaluator is; before stop 36 each peer's
+  latest accuracy was averaged, which trailed by about half an evaluation interval
+  (_common.mean_accuracy_curve).
   What is scored: each worker's model; a p2p DiLoCo node's outer parameters (the swarm's model:
   its live model between outer steps is a local run, and which of the two an evaluation landed on
   moved its figure by 2-6 points; p2p.Swarm.evaluation_model); post-local SGD's live model

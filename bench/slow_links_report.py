@@ -86,7 +86,7 @@ def _ratio(a: Optional[float], b: Optional[float]) -> str:
 def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) -> str:
     lines = [f"# Slow links: task `{s.task}`, {s.peers} peers, {s.steps} steps per peer",
              "",
-             f"Target held-out accuracy {s.target:g} (mean over peers of their latest evaluation); "
+             f"Target held-out accuracy {s.target:g} (mean over peers of each one's evaluations, interpolated); "
              f"times are wall seconds from launch. Ratios are within this run only. "
              f"Benchmark wall time {wall_s / 60:.1f} min.",
              "",

@@ -27,11 +27,24 @@ PREFIX = f"p2pb{os.getpid() % 100000}"
 SUBNET = f"10.75.{os.getpid() % 250}.0/24"
 
 
-def test_mean_accuracy_curve_starts_once_every_peer_is_evaluated_and_tracks_latest_values():
+def test_mean_accuracy_curve_starts_once_every_peer_is_evaluated_and_interpolates_each_peer():
     series = [[(1.0, 0.2), (3.0, 0.6)], [(2.0, 0.4), (4.0, math.nan), (5.0, 0.8)]]
-    assert _common.mean_accuracy_curve(series) == [(2.0, pytest.approx(0.3)), (3.0, pytest.approx(0.5)),
-                                                   (5.0, pytest.approx(0.7))]
+    # at 2.0 peer 0 is halfway between its 0.2 and 0.6; at 3.0 peer 1 a third of the way from 0.4
+    # to 0.8 (its NaN skipped); at 5.0 peer 0 holds its last evaluation
+    expected = [(2.0, pytest.approx(0.4)), (3.0, pytest.approx((0.6 + 0.4 + 0.4 / 3) / 2)), (5.0, pytest.approx(0.7))]
+    assert _common.mean_accuracy_curve(series) == expected
     assert _common.mean_accuracy_curve([[(1.0, 0.9)], []]) == []  # one peer never evaluated
+
+
+def test_peers_evaluating_out_of_phase_reach_a_target_when_one_evaluator_of_the_same_model_would():
+    """Two peers holding one model whose accuracy is 0.1 t, evaluated every 2 s half an interval
+    apart: scored like one evaluator (DDP's rank 0), they reach 0.5 at t = 5, not half an
+    interval late as the mean of their latest evaluations had it (5.5)."""
+    def evaluations(first):
+        return [(t, 0.1 * t) for t in range(first, 10, 2)]
+    one = _common.time_to_target(_common.mean_accuracy_curve([evaluations(0)]), 0.5)
+    two = _common.time_to_target(_common.mean_accuracy_curve([evaluations(0), evaluations(1)]), 0.5)
+    assert one == pytest.approx(5.0) and two == pytest.approx(5.0)
 
 
 @pytest.mark.parametrize("curve, target, expected", [
