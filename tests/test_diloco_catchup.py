@@ -13,6 +13,7 @@ import pytest
 from p2p.averaging.donor_pull import MAX_ATTEMPTS
 from p2p.averaging.outer_catchup import (LOG_ROUNDS, MAX_ANSWER, CatchUpMissing, CatchUpPuller, CatchUpRange, CatchUpRequest,
                                          CatchUpShare, ShareLog, replay_round)
+from p2p.averaging.outer_repair import Pulled
 from p2p.averaging.robust import RobustMixing
 from p2p.bandwidth import BandwidthMonitor
 from p2p.compression import decompress, make_compressor
@@ -185,3 +186,48 @@ def test_a_donor_flooding_shares_past_the_budget_is_refused():
             p.receive("d", CatchUpShare(**compressed_fields(big), round=1, sender=s, mixed=senders, model_key=KEY), 0.1)
     assert err.value.reason == "oversized"
     assert p.pull.got_bytes <= 2 * budget
+
+
+def catch_up(p, log, now):
+    """Run the catch-up in flight against ``log`` to its end; what it landed."""
+    while p.pull is not None:
+        for ask in p.tick(now):
+            deliver(p, log.receive("me", ask.msg, current=100), now)
+        now += 0.1
+    return p.take()
+
+
+def test_a_landed_catch_up_is_the_base_of_one_more_and_then_the_full_pull_mends():
+    """A peer back from a cut link whose catch-up landed can miss the next round's outer step
+    (rounds.py's "Overtaken"): one more catch-up from the state it landed mends that, where the
+    full pull moved all of theta_start (outer_catchup.py, "When"); a third, before the copy
+    agrees again, is refused."""
+    log_rounds = shares(range(2, 9))
+    log = donor(log_rounds)
+    p = puller(2, 5)
+    first = catch_up(p, log, 0.0)
+    assert first.round == 5
+    p.note_landed(first)
+    own = (np.zeros(N, np.float32), np.zeros(N, np.float32))
+    assert p.begin("d", 7, own, 1.0, 10_000, len(SENDERS), 1.0)  # rounds 5 and 6 only
+    second = catch_up(p, log, 1.0)
+    want_start, want_m = expected(log_rounds, range(2, 7))
+    assert second.round == 7 and p.stats["catch_ups_completed"] == 2
+    np.testing.assert_array_equal(second.start, want_start)  # the swarm's, as if never apart
+    np.testing.assert_array_equal(second.momentum, want_m)
+    p.note_landed(second)
+    assert not p.begin("d", 8, own, 2.0, 10_000, len(SENDERS), 1.0)  # diloco.py pulls instead
+    # an agreed round is a base again, and its landings may chain once more
+    p.note_begin(8, np.ones(N, np.float32), np.zeros(N, np.float32))
+    p.note_agreed(8)
+    assert p.begin("d", 9, own, 3.0, 10_000, len(SENDERS), 1.0)
+
+
+def test_a_landed_state_older_than_the_base_is_not_taken():
+    p = puller(4, 6)
+    older = Pulled(3, np.zeros(N, np.float32), np.zeros(N, np.float32), np.zeros(N, np.float32),
+                   np.zeros(N, np.float32), "d")
+    p.drop_if_donor_gone([])  # the catch-up from base 4 ends without landing
+    p.note_landed(older)
+    own = (np.zeros(N, np.float32), np.zeros(N, np.float32))
+    assert not p.begin("d", 6, own, 1.0, 10_000, len(SENDERS), 1.0)  # base 4 was tried; 3 is no base

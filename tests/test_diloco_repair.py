@@ -641,3 +641,35 @@ def test_a_pulled_state_drops_the_rounds_before_it_from_the_log():
     missing = p3._mend.log.receive("p9", CatchUpRequest(0, KEY), p3._rounds.round)
     assert [type(x.msg) for x in missing] == [CatchUpMissing]  # its round 0 was not the swarm's
     assert s.alg("p0")._mend.log.receive("p9", CatchUpRequest(2, KEY), 4)  # the others' still are
+
+
+def test_a_round_missed_right_after_a_catch_up_landed_is_mended_by_another_catch_up_not_the_pull(monkeypatch):
+    """The lab's case (bench/diloco_repair.py, stop 36): the cut peer's catch-up lands, and the
+    round under way then misses its outer step (there, rounds.py's "Overtaken"; here, the link
+    cut again at the landing, for the rest of that round). No round agreed since the cut, so the
+    only base was the one already tried, and the full pull (4 N bytes, ~24 rounds at 20 Mbit/s)
+    mended one round. The landed state is a base (outer_catchup.py, "When"): a second catch-up."""
+    rng = np.random.default_rng(0)
+    s = Swarm(starts(4), codec="sparseloco", outer_lr=1.0, outer_momentum=0.0)
+    cut_and_restore(s, rng, after=0)
+    mend = s.alg("p3")._mend
+    take = mend.take
+
+    def cut_at_the_landing():
+        out = take()
+        if out and mend.stats["catch_ups_completed"] == 1 and not s.recut:
+            s.cut, s.recut = {"p3"}, True
+        return out
+
+    s.recut = False
+    monkeypatch.setattr(mend, "take", cut_at_the_landing)
+    for _ in range(2):
+        s.outer_round(rng)
+    assert s.recut
+    s.cut = set()
+    for _ in range(5):
+        s.outer_round(rng)
+    p3 = s.alg("p3").stats
+    assert p3["repairs_started"] == p3["repairs_completed"] == 2
+    assert p3["catch_ups_completed"] == 2 and p3["repair_bytes"] < N  # the pull alone: 4 N
+    assert agree(s, s.names)

@@ -35,7 +35,17 @@ snapshot install) and as Streaming DiLoCo's workers rejoin from the fragments' o
   most ``LOG_ROUNDS``, their shares (rounds x senders x our own share's bytes) fit in the log
   budget, and no catch-up was tried from that base before: a catch-up that failed or landed
   a copy still apart (the next round's sketches tell) leaves the full pull to mend it. So it
-  is tried at most once per episode of being apart and can never grow into a loop.
+  is tried at most once per episode of being apart and can never grow into a loop. One
+  exception (``note_landed``): the state a catch-up landed is the swarm's at the start of its
+  round (replayed from the swarm's own shares), a base as good as an agreed round's, and one
+  more catch-up may start from it (``MAX_CHAINED``) before the next agreement. Why: a peer
+  back from a cut link whose catch-up landed can still miss the next round's outer step (it
+  began late and the others' shares of the round after were already in: rounds.py's
+  "Overtaken"), one round apart again. Without a base after its landing, the full pull mended
+  that one round: 8.7 MB on nodes.wide, paced over 24 rounds at 20 Mbit/s
+  (bench/diloco_repair.py, stop 36), where two rounds' shares (~0.4 MB) sufficed. A pull's landed state is not a base: in the simulator's flapping
+  membership (tests/test_diloco_auto.py) catch-ups begun from pulled states found their rounds
+  missing from the donors' logs and cost a round each before the pull that mended anyway.
 - **How.** The rounds from the base to the last one before the round we rejoin (at most
   ``LOG_ROUNDS``, within the log budget) are asked for as ranges, one request in flight, each
   range as many rounds as ``MAX_ANSWER`` shares hold (the transport's send queue), the next
@@ -87,6 +97,7 @@ MAX_KEPT = 2  # a puller keeps at most this many x the log budget of shares not 
 MAX_ANSWER = 8
 MAX_PENDING = 16  # requests a donor keeps for rounds it has not reached
 MAX_SENDERS = 4096  # senders one round's average may name (as diloco.MAX_MIXED)
+MAX_CHAINED = 1  # catch-ups begun from a landed state before the next agreed round ("When")
 
 
 @message(31)
@@ -252,6 +263,7 @@ class CatchUpPuller(DonorPull):
         self._pending: Optional[tuple[int, np.ndarray, np.ndarray]] = None  # the round in flight's start
         self._base: Optional[tuple[int, np.ndarray, np.ndarray]] = None  # the last agreed round's
         self._tried: Optional[int] = None  # the base round a catch-up was begun from
+        self._chained = 0  # bases taken from landed states since the last agreed round
 
     # -- our base ----------------------------------------------------------------------------
     def note_begin(self, round: int, start: np.ndarray, momentum: np.ndarray) -> None:
@@ -267,7 +279,17 @@ class CatchUpPuller(DonorPull):
         """Round ``round``'s sketches put us in the reference group: its start is our base."""
         if self._pending is not None and self._pending[0] == round:
             self._base, self._pending = self._pending, None
-            self._tried = None
+            self._tried, self._chained = None, 0
+
+    def note_landed(self, done: Pulled) -> None:
+        """Our catch-up landed: ``done.start`` is the swarm's theta_start at the start of
+        ``done.round``, a base for one more catch-up (module docstring, "When")."""
+        if self._chained >= MAX_CHAINED or (self._base is not None and self._base[0] >= done.round):
+            return
+        done.start.flags.writeable = False  # note_begin's invariant: a base is never written
+        m = done.momentum.copy() if self.mu else done.momentum
+        self._base, self._tried = (done.round, done.start, m), None
+        self._chained += 1
 
     # -- the catch-up -------------------------------------------------------------------------
     def begin(self, donor: str, current: int, own: tuple[np.ndarray, np.ndarray], now: float,

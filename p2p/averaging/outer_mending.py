@@ -100,7 +100,10 @@ class Mending:
         return min(math.inf, *(p.next_deadline() for p in self.pullers))
 
     def take(self) -> list[Pulled]:
-        out = [done for p in self.pullers if (done := p.take()) is not None]
+        pulled, caught_up = self.puller.take(), self.catchup.take()
+        if caught_up is not None:  # the swarm's state at its round: one more catch-up's base
+            self.catchup.note_landed(caught_up)
+        out = [done for done in (pulled, caught_up) if done is not None]
         self.stats["repair_in_flight"] = int(self.in_flight)  # not 1 until the next tick: status reads it
         return out
 
