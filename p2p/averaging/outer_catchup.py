@@ -43,9 +43,10 @@ snapshot install) and as Streaming DiLoCo's workers rejoin from the fragments' o
   began late and the others' shares of the round after were already in: rounds.py's
   "Overtaken"), one round apart again. Without a base after its landing, the full pull mended
   that one round: 8.7 MB on nodes.wide, paced over 24 rounds at 20 Mbit/s
-  (bench/diloco_repair.py, stop 36), where two rounds' shares (~0.4 MB) sufficed. A pull's landed state is not a base: in the simulator's flapping
-  membership (tests/test_diloco_auto.py) catch-ups begun from pulled states found their rounds
-  missing from the donors' logs and cost a round each before the pull that mended anyway.
+  (bench/diloco_repair.py, stop 36), where two rounds' shares (~0.4 MB) sufficed. A pull's
+  landed state is not a base: in the simulator's flapping membership
+  (tests/test_diloco_auto.py) catch-ups begun from pulled states found their rounds missing
+  from the donors' logs and cost a round each before the pull that mended anyway.
 - **How.** The rounds from the base to the last one before the round we rejoin (at most
   ``LOG_ROUNDS``, within the log budget) are asked for as ranges, one request in flight, each
   range as many rounds as ``MAX_ANSWER`` shares hold (the transport's send queue), the next
