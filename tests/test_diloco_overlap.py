@@ -59,10 +59,12 @@ def test_overlap_with_sparseloco_s_outer_step_ends_as_near_the_optimum_as_blocki
 
 def test_a_crashed_peer_holds_the_overlapping_trainers_for_no_round_deadline():
     """Overlap's gate waits for a round only while it runs at its usual pace: one held past
-    1.25x its usual wait (a crashed or cut neighbour it still waits for, until its deadline)
-    lets the trainers go on and skip the boundary, and lands when it ends (module docstring,
-    "Overlap"). Before, every survivor waited out the crashed peer's round: 15.57-15.64 s of
-    simulated time for 15 s of compute on the seeds below."""
+    1.25x its usual wait (a crashed or cut neighbour it still waits for, until its deadline),
+    once the trainer has waited outer_gate.MIN_WAIT_S (0.3 s), lets the trainers go on and
+    skip the boundary, and lands when it ends (module docstring, "Overlap"). Before, every
+    survivor waited out the crashed peer's round: 15.57-15.64 s of simulated time for 15 s of
+    compute on the seeds below; now 15.32-15.38 s (15.10-15.16 s without the 0.3-s floor,
+    which on a loaded machine went on without rounds in steady state: outer_gate.py)."""
     compute = 300 * COMPUTE_S
     for seed in (0, 1, 2):
         options = sim_algorithm_options("diloco", overlap=True, outer_lr=1.0, outer_momentum=0.0)
@@ -71,6 +73,6 @@ def test_a_crashed_peer_holds_the_overlapping_trainers_for_no_round_deadline():
         assert r.live[-1] == PEERS - 1 and min(r.steps.values()) == 300
         assert r.stats["gates_passed"] >= 1 and r.stats["boundaries_skipped"] >= 1, r.stats
         slowest = max(r.finish_time.values())
-        assert slowest <= 1.025 * compute, (seed, slowest)  # 15.10-15.16 s
+        assert slowest <= 1.03 * compute, (seed, slowest)  # 15.32-15.38 s; waiting it out: >= 15.57
         assert r.final_consensus / r.initial_consensus <= 1e-6  # still one model at the end
         assert r.final_gap / r.initial_gap <= 0.01

@@ -20,6 +20,16 @@ of the test's two cases passed (the failure's case was not recorded), and CI's.
 In the simulator a crashed peer held the survivors 0.57-0.64 s of 15 s of compute, 0.10-0.16 s
 with the rule (tests/test_diloco_overlap.py).
 
+And only once the trainer itself has waited ``MIN_WAIT_S``: the usual wait is a round's length,
+a few hundred ms, and on a loaded machine a round ran 1.25x that often enough. With the ratio
+alone, 4 peers on 2 cores (bench/slow_links.py, examples/slow-links.toml, stop 36) went on
+without rounds in steady state: 57-65 of 66 rounds began (65-66 before the rule), rounds fell
+out of step (partial ones, a peer waiting 5.5 s in all), and train time rose to +17-22% over
+compute-only at unlimited (+10-17% before). Without the rule (stop 34's runs) the trainer's
+wait within one 0.5-s progress interval passed 0.3 s in 12 of 2405 intervals and 0.4 s in 2; a
+cut neighbour holds a round for its whole deadline, at least 2 s. 0.3 s of a 4-s window is
+0.925x of its steps.
+
 The time the trainer waited is not compute: the schedule's step time leaves it out
 (outer_schedule.py, ``paused``), and the dense rounds' rule judges a round by it (outer_dense.py).
 """
@@ -31,6 +41,7 @@ from typing import Optional
 
 UNUSUAL = 1.25  # a round this many times its usual wait is held by something unusual
 PASS_EVERY = 4  # outer steps between two rounds the trainer went on without
+MIN_WAIT_S = 0.3  # the trainer goes on only after waiting this long at the gate (docstring)
 
 
 class TrainerGate:
@@ -57,12 +68,13 @@ class TrainerGate:
 
     def release_at(self, began_at: float, usual_wait: Optional[float], outer_steps: int) -> float:
         """When a trainer waiting at the gate goes on: once the round ran ``UNUSUAL`` times its
-        usual wait. Never without overlap, before a round set the usual wait, after the last
-        step, nor within ``PASS_EVERY`` outer steps of the last time; inf while not waiting."""
+        usual wait and the trainer waited ``MIN_WAIT_S``. Never without overlap, before a round
+        set the usual wait, after the last step, nor within ``PASS_EVERY`` outer steps of the
+        last time; inf while not waiting."""
         if (not self.overlap or self.blocked_since is None or self.waited is not None or usual_wait is None
                 or self.finishing or outer_steps < self._passed_at + PASS_EVERY):
             return math.inf
-        return began_at + UNUSUAL * usual_wait
+        return max(began_at + UNUSUAL * usual_wait, self.blocked_since + MIN_WAIT_S)
 
     def waited_for(self, now: float) -> float:
         """What the trainer has waited at the gate for the round in flight (0: it never waited;
