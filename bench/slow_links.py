@@ -61,8 +61,10 @@ same way for all):
   target (interpolated on its step curve as time_to_target_s is; the fewest over this run's rates,
   since exact averaging needs the same steps at any rate and slower rates are evaluated at finer
   step intervals) x compute-only's seconds per step ((train_time_s - start_s) / steps) +
-  compute-only's start-up (start_s: launch until the last worker began training). What DDP
-  would take with infinite bandwidth. Needs ddp and compute_only in the run;
+  compute-only's start-up (start_s: launch until the last worker began training), from the
+  compute-only run at the same rate as the overheads (with --compute-only-each-rate the one
+  made beside it; before stop 36 always the first). What DDP would take with infinite
+  bandwidth. Needs ddp and compute_only in the run;
 - per-step overhead (step_overhead): train_time_s / compute-only's train_time_s - 1 (start-up
   included in both); less evaluations (phase_less_eval_overhead): (train_phase_s - eval_s) over
   compute-only's the same way, eval_s the wall seconds a peer spent evaluating (mean over peers;

@@ -41,26 +41,26 @@ def compare_with_bounds(results: dict[str, dict[str, Result]]) -> None:
     averaging), so the fewest over this run's rates is used: evaluations land every --eval-every
     seconds, and the slower rate's DDP is evaluated at finer step intervals.
 
-    Per-step overheads compare with the compute-only run at the same rate: the first one, repeated
-    under every rate, or one run in each rate's lab (``--compute-only-each-rate``). The ideal
-    bound takes the first one's speed."""
+    Per-step overheads and the ideal bound compare with the compute-only run at the same rate:
+    the first one, repeated under every rate, or one run in each rate's lab
+    (``--compute-only-each-rate``). Why the bound too (before stop 36 it took the first one's
+    speed): on this shared machine compute-only's 1200 steps of nodes.wide took 41.7 s in one
+    rate's lab and 35.3 s in the next two, which moved every ratio at those rates by ~0.1x of
+    ideal while the overheads, from the run beside them, did not move."""
     first = next((by["compute_only"] for by in results.values() if "compute_only" in by), None)
     ddps = [by["ddp"] for by in results.values() if "ddp" in by]
-    per_step = start = None
-    if first is not None and first.train_time_s and first.start_s is not None and first.steps:
-        start = first.start_s
-        per_step = (first.train_time_s - first.start_s) / first.steps
+    fewest = [min((k for k in steps if k is not None), default=None)
+              for steps in ([d.steps_to_target for d in ddps], [d.steps_to_high for d in ddps])]
 
-    def ideal(steps: list[Optional[int]]) -> Optional[float]:
-        known = [k for k in steps if k is not None]
-        return None if per_step is None or not known else round(min(known) * per_step + start, 3)
+    def ideal(co: Optional[Result], steps: Optional[float]) -> Optional[float]:
+        if co is None or steps is None or not co.train_time_s or co.start_s is None or not co.steps:
+            return None
+        return round(steps * (co.train_time_s - co.start_s) / co.steps + co.start_s, 3)
 
-    ideal_s = ideal([d.steps_to_target for d in ddps])
-    ideal_high_s = ideal([d.steps_to_high for d in ddps])
     for by_method in results.values():
         co = by_method.get("compute_only", first)
         for r in by_method.values():
-            r.ideal_s, r.ideal_high_s = ideal_s, ideal_high_s
+            r.ideal_s, r.ideal_high_s = ideal(co, fewest[0]), ideal(co, fewest[1])
             if co is not None and co.train_time_s and r.train_time_s:
                 r.step_overhead = round(r.train_time_s / co.train_time_s - 1, 4)
             if co is not None and co.train_phase_s and r.train_phase_s:
@@ -115,10 +115,14 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
     lines += _equal_steps_table(results)
     lines += _overhead_table(results)
     lines += repeats_table(results, s)
-    ideal = next((r for by in results.values() for r in by.values()), None)
-    lines += ["", f"Ideal bound (× ideal): DDP's steps to the target at compute-only's seconds per step, plus "
-              f"compute-only's start-up: {fmt(ideal.ideal_s if ideal else None)} s to {s.target:g}"
-              + (f", {fmt(ideal.ideal_high_s if ideal else None)} s to {s.target_high:g}" if s.target_high else "")
+    bounds = []
+    for rate, by in results.items():
+        r = next(iter(by.values()), None)
+        if r is not None:
+            bounds.append(f"{rate} {fmt(r.ideal_s)} s to {s.target:g}"
+                          + (f", {fmt(r.ideal_high_s)} s to {s.target_high:g}" if s.target_high else ""))
+    lines += ["", "Ideal bound (× ideal): DDP's steps to the target at the rate's compute-only seconds per step, "
+              "plus its start-up: " + "; ".join(bounds)
               + " (— when this run has no DDP that reached it, or no finished compute-only). "
               "Per-step overhead: train time ÷ compute-only's − 1."]
     lines += ["", "compute_only runs once (it sends nothing, so the rate does not matter) and is "

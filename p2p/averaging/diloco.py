@@ -53,8 +53,8 @@ waits only before the step that closes the next period if the round is still in 
 more than one period behind), and at the end of training (``may_finish``), so the last outer
 step is in the final model. A round that takes less than H steps of compute then costs the
 trainer nothing. It waits there only while the round runs at its usual pace: a round held far
-past it (a cut neighbour waited for until the deadline) lets the trainer go on, at most once in 4
-outer steps (p2p/averaging/outer_gate.py; counted: ``gates_passed``). Only with one gossip
+past it (a cut neighbour waited for until the deadline) lets the trainer go on once it waited
+0.3 s, at most once in 4 outer steps (p2p/averaging/outer_gate.py; counted: ``gates_passed``). Only with one gossip
 round per outer step (``full``, the slow-link configuration): several rounds on a sparse graph
 mix theta_start itself, and with the peers no longer held at the same boundary the simulator
 saw their rounds fall out of step (partial rounds, jumps) and the copies drift apart, so there
