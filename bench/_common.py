@@ -138,13 +138,15 @@ def mean_accuracy_curve(series: Sequence[Sequence[tuple[float, float]]]) -> list
         return []
     start = max(s[0][0] for s in clean)
     times = sorted({t for s in clean for t, _ in s if t >= start})
-    return [(t, sum(_interpolated(s, t) for s in clean) / len(clean)) for t in times]
+    return [(t, sum(interpolated(s, t) for s in clean) / len(clean)) for t in times]
 
 
-def _interpolated(samples: Sequence[tuple[float, float]], t: float) -> float:
+def interpolated(samples: Sequence[tuple[float, float]], t: float) -> float:
     """``samples``' value at ``t`` (sorted by time, t at or after the first): linear between the
     samples either side, the last one's after it."""
     i = bisect.bisect_right([x for x, _ in samples], t)
+    if i == 0:
+        raise ValueError(f"{t} is before the first sample ({samples[0][0] if samples else 'none'})")
     if i >= len(samples):
         return samples[-1][1]
     (t0, a0), (t1, a1) = samples[i - 1], samples[i]

@@ -53,8 +53,9 @@ same way for all):
 - time_to_high_s, bytes_to_high: the same for a second, higher target (``--target-high``, or
   the task's ``target_accuracy_high``): one that compute-only does not reach within the steps
   but DDP does, so that time to it measures what averaging buys, not raw throughput;
-- accuracy_at_equal_steps: the mean accuracy of each peer's last evaluation made at or before
-  ``equal_steps``, the fewest steps per peer that any method at that rate completed (so every
+- accuracy_at_equal_steps: the step curve's accuracy at ``equal_steps`` (the mean over peers of
+  each one's evaluations, interpolated as the accuracy curve is, and read between the points
+  either side of it), the fewest steps per peer that any method at that rate completed (so every
   method is compared after the same number of samples, DDP cut off by --max-time included);
   accuracy_at_fractions: the same at 20%, 40%, 60%, 80% and 100% of ``equal_steps``;
 - x ideal (ideal_s, ideal_high_s): the honest limit, ideal data parallelism: DDP's steps to the

@@ -6,13 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+import _common
 from slow_links_runs import Result, Settings
 
 
 def accuracy_at_step(step_curve: list[tuple[int, float]], step: int) -> Optional[float]:
-    """The mean accuracy of the last evaluations made at or before ``step``."""
-    before = [a for k, a in step_curve if k <= step]
-    return before[-1] if before else None
+    """The curve's accuracy at ``step``, interpolated between its points either side (after its
+    last: that one; None before its first), as time_to_target reads a crossing: DDP's one
+    evaluator and N peers (each already interpolated, _common.mean_accuracy_curve) are read at
+    the same step. Before stop 36 the last point at or before ``step``, which lagged DDP's sparse
+    points by up to an evaluation interval and the N peers' denser ones by less."""
+    if not step_curve or step < step_curve[0][0]:
+        return None
+    return _common.interpolated(step_curve, step)
 
 
 EQUAL_STEP_FRACTIONS = (0.2, 0.4, 0.6, 0.8, 1.0)
@@ -129,8 +135,8 @@ def markdown(results: dict[str, dict[str, Result]], s: Settings, wall_s: float) 
               "repeated under every rate, or once in each rate's lab with --compute-only-each-rate. "
               "\"MB to target\": mean bytes a peer put on its link until "
               "the time to target (counted at the bridge: payload plus TCP/IP/Ethernet headers). "
-              "\"Accuracy at equal steps\": each method's mean accuracy from its last evaluations at "
-              "or before the fewest steps per peer any method at that rate completed (equal steps = "
+              "\"Accuracy at equal steps\": each method's mean accuracy, interpolated, at "
+              "the fewest steps per peer any method at that rate completed (equal steps = "
               "equal total samples: the same peers, batch size and data).", ""]
     return "\n".join(lines)
 

@@ -26,8 +26,8 @@ def test_peers_in_bf16_and_fp16_train_and_average_together(tmp_path):
     assert all(done), history
     for m in done:
         # a GradScaler skips a step or two while it finds its scale: the swarm counts applied steps;
-        # each peer started exchanges of its own (both sides averaged)
-        assert int(m.group(1)) == 400 and float(m.group(2)) > 0.7 and int(m.group(3)) >= 1, history
+        # each peer started exchanges of its own, a few at least (both sides averaged)
+        assert int(m.group(1)) == 400 and float(m.group(2)) > 0.7 and int(m.group(3)) >= 3, history
     # how many each starts is the bandwidth policy's call: a peer whose first cycles measured a
     # busy CPU (two processes on two cores, 400 steps in under a second) pauses ~1.4 s and starts
     # 5 in all (CI, once), while its partner started 34; together they averaged regularly

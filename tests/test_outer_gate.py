@@ -14,7 +14,7 @@ def test_a_round_slower_than_usual_holds_the_trainer_until_it_has_waited_min_wai
     gate = TrainerGate(overlap=True)
     began, at_gate = 0.0, 0.2  # the round began at the boundary; the trainer reached its gate later
     assert not gate.may_go(at_gate, began, USUAL, outer_steps=10)
-    # 1.25x the usual length has passed, but the trainer waited only a few ms: jitter, not a cut
+    # 1.25x the usual length has passed, but the trainer waited only 50 ms: jitter, not a cut
     assert UNUSUAL * USUAL < at_gate + MIN_WAIT_S
     assert gate.release_at(began, USUAL, 10) == at_gate + MIN_WAIT_S
     assert not gate.may_go(at_gate + MIN_WAIT_S - 0.01, began, USUAL, 10)
@@ -27,6 +27,8 @@ def test_a_long_usual_round_still_holds_the_trainer_until_unusual_times_it():
     usual = 2.0
     assert not gate.may_go(0.1, 0.0, usual, 10)
     assert gate.release_at(0.0, usual, 10) == UNUSUAL * usual
+    assert not gate.may_go(UNUSUAL * usual - 0.01, 0.0, usual, 10)
+    assert gate.may_go(UNUSUAL * usual, 0.0, usual, 10)
 
 
 def test_at_most_once_in_pass_every_outer_steps_and_never_at_the_last_step_or_without_overlap():

@@ -34,7 +34,8 @@ snapshot install) and as Streaming DiLoCo's workers rejoin from the fragments' o
 - **When.** Chosen over the pull (diloco.py) when we hold that base, the rounds since it are at
   most ``LOG_ROUNDS``, their shares (rounds x senders x our own share's bytes) fit in the log
   budget, and no catch-up was tried from that base before: a catch-up that failed or landed
-  a copy still apart (the next round's sketches tell) leaves the full pull to mend it. So it
+  a copy still apart (the next round's sketches tell) leaves the full pull to mend it (after
+  at most one more catch-up, from the state it landed: below). So it
   is tried at most once per episode of being apart and can never grow into a loop. One
   exception (``note_landed``): the state a catch-up landed is the swarm's at the start of its
   round (replayed from the swarm's own shares), a base as good as an agreed round's, and one
@@ -285,11 +286,13 @@ class CatchUpPuller(DonorPull):
     def note_landed(self, done: Pulled) -> None:
         """Our catch-up landed: ``done.start`` is the swarm's theta_start at the start of
         ``done.round``, a base for one more catch-up (module docstring, "When")."""
+        # (a base as new as the landing: defensive, outer_copies.py reports no agreement while a
+        # catch-up runs)
         if self._chained >= MAX_CHAINED or (self._base is not None and self._base[0] >= done.round):
             return
-        done.start.flags.writeable = False  # note_begin's invariant: a base is never written
-        m = done.momentum.copy() if self.mu else done.momentum
-        self._base, self._tried = (done.round, done.start, m), None
+        for a in (done.start, done.momentum):  # fresh arrays (_replay): a base is never written
+            a.flags.writeable = False
+        self._base, self._tried = (done.round, done.start, done.momentum), None
         self._chained += 1
 
     # -- the catch-up -------------------------------------------------------------------------
