@@ -54,11 +54,11 @@ more than one period behind), and at the end of training (``may_finish``), so th
 step is in the final model. A round that takes less than H steps of compute then costs the
 trainer nothing. It waits there only while the round runs at its usual pace: a round held far
 past it (a cut neighbour waited for until the deadline) lets the trainer go on once it waited
-0.3 s, at most once in 4 outer steps (p2p/averaging/outer_gate.py; counted: ``gates_passed``). Only with one gossip
-round per outer step (``full``, the slow-link configuration): several rounds on a sparse graph
-mix theta_start itself, and with the peers no longer held at the same boundary the simulator
-saw their rounds fall out of step (partial rounds, jumps) and the copies drift apart, so there
-the trainer waits as without overlap.
+0.3 s, at most once in 4 outer steps (p2p/averaging/outer_gate.py; counted: ``gates_passed``).
+Only with one gossip round per outer step (``full``, the slow-link configuration): several
+rounds on a sparse graph mix theta_start itself, and with the peers no longer held at the same
+boundary the simulator saw their rounds fall out of step (partial rounds, jumps) and the copies
+drift apart, so there the trainer waits as without overlap.
 Off by default because in the simulator (8 peers, 150 steps, 2 joins and 2 crashes, seeds 0-9:
 ``p2p.sim.avg_sim.run("diloco", "full", ..., churn=Churn(joins=2, crashes=2))``) the optimality
 gap it ends with is 2.3x the blocking rounds' (mean 0.045 against 0.020 of the initial gap; two

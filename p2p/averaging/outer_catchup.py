@@ -35,11 +35,11 @@ snapshot install) and as Streaming DiLoCo's workers rejoin from the fragments' o
   most ``LOG_ROUNDS``, their shares (rounds x senders x our own share's bytes) fit in the log
   budget, and no catch-up was tried from that base before: a catch-up that failed or landed
   a copy still apart (the next round's sketches tell) leaves the full pull to mend it (after
-  at most one more catch-up, from the state it landed: below). So it
-  is tried at most once per episode of being apart and can never grow into a loop. One
-  exception (``note_landed``): the state a catch-up landed is the swarm's at the start of its
-  round (replayed from the swarm's own shares), a base as good as an agreed round's, and one
-  more catch-up may start from it (``MAX_CHAINED``) before the next agreement. Why: a peer
+  at most one more catch-up, from the state it landed: below). So it is tried at most twice
+  per episode of being apart and can never grow into a loop. The second (``note_landed``):
+  the state a catch-up landed is the swarm's at the start of its round (replayed from the
+  swarm's own shares), a base as good as an agreed round's, and one more catch-up may start
+  from it (``MAX_CHAINED``) before the next agreement. Why: a peer
   back from a cut link whose catch-up landed can still miss the next round's outer step (it
   began late and the others' shares of the round after were already in: rounds.py's
   "Overtaken"), one round apart again. Without a base after its landing, the full pull mended
