@@ -178,5 +178,11 @@ class LocalSwarm:
     def __enter__(self) -> "LocalSwarm":
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None:  # a test failed in the block: show what each peer was doing
+            for i in range(len(self.procs)):
+                if self.procs[i] is not None:
+                    code = self.procs[i].poll()
+                    print(f"local_swarm: peer {i} at {self.addrs[i]} ({'running' if code is None else f'exited {code}'}),"
+                          f" the end of its log:\n{self.log_tail(i, 25)}", file=sys.stderr)
         self.stop(timeout_s=5.0)
