@@ -49,9 +49,11 @@ class HostileNeighbourhood(RuleBasedStateMachine):
         self.dealer.connect(f"tcp://127.0.0.1:{self.port}")
 
     def pump(self, rounds=5):
-        """Let the transport take in what arrived (it reads one message per connection per round)."""
+        """Let the transport take in what arrived (it reads one message per connection per round).
+        A round waits 2 ms at most: loopback delivers in microseconds, and what is later (a
+        ZeroMQ send goes through its I/O thread) is taken in by a later rule's pump."""
         for _ in range(rounds):
-            for incoming in self.t.receive(0.01, self.now):
+            for incoming in self.t.receive(0.002, self.now):
                 assert (incoming.frames is None) == isinstance(incoming.error, RemoteProtocolError)
                 self.t.done(incoming)
 
