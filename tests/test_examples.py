@@ -7,7 +7,6 @@ task, steps and algorithm: its members agree, and their accuracy is within 2 poi
 import json
 import os
 import re
-import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from p2p.harness import forked_nodes
 from p2p.harness.local_swarm import LocalSwarm, consensus_distance
 from p2p.net.ports import free_ports
 
@@ -47,8 +47,7 @@ def example_swarm(script, peers, tmp_path, extra=(), save=False, ports=None):
             cmd += ["--join", f"127.0.0.1:{ports[0]}"] if i else []
             cmd += ["--out", str(tmp_path / f"{script}-{i}.pt")] if save else []
             logs.append(tmp_path / f"{script}-{i}.log")
-            with open(logs[-1], "wb") as log:
-                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV))
+            procs.append(forked_nodes.popen(cmd, ENV, logs[-1]))
         yield results
     finally:
         for p in procs:

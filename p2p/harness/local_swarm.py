@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from p2p.harness import forked_nodes
 from p2p.net.client import QueryError, state, status
 from p2p.net.identity import Identity, public_line
 from p2p.net.keyring import load_key_file, new_key_line
@@ -63,7 +64,7 @@ class LocalSwarm:
         self.swarm_key = swarm_key
         self.node_args = list(node_args) + (["--swarm-key", swarm_key] if swarm_key else [])
         self.keyring = load_key_file(swarm_key) if swarm_key else None  # to query the peers
-        self.procs: list[Optional[subprocess.Popen]] = [None] * peers
+        self.procs: list[Optional["subprocess.Popen | forked_nodes.ForkedProcess"]] = [None] * peers
 
     def _make_identities(self) -> None:
         """peerI.id for each peer (fresh keys every run) and allow.txt with all their keys."""
@@ -82,7 +83,7 @@ class LocalSwarm:
             cmd += ["--join", address]
         return cmd
 
-    def start_peer(self, i: int, join: Sequence[str]) -> subprocess.Popen:
+    def start_peer(self, i: int, join: Sequence[str]) -> "subprocess.Popen | forked_nodes.ForkedProcess":
         if self.procs[i] is None and self._chose_ports and not pair_free(self.host, self.ports[i]):
             # Chosen free at construction, but the ports come from the ephemeral range, and a peer
             # started late (a joiner, after the others trained) can find one taken meanwhile by an
@@ -91,9 +92,7 @@ class LocalSwarm:
             self.ports[i] = free_ports(1, self.host)[0]
             self.addrs[i] = f"{self.host}:{self.ports[i]}"
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        log = open(self.log_dir / f"peer{i}.log", "ab")
-        proc = subprocess.Popen(self.command(i, join), stdout=log, stderr=subprocess.STDOUT, env=env)
-        log.close()
+        proc = forked_nodes.popen(self.command(i, join), env, self.log_dir / f"peer{i}.log")
         self.procs[i] = proc
         return proc
 
