@@ -54,7 +54,9 @@ def test_a_node_killed_with_sigkill_resumes_from_its_last_checkpoint(tmp_path):
         swarm.kill(0, signal.SIGKILL)
         swarm.procs[0].wait(10)
         files = sorted((tmp_path / "ckpt").glob("ckpt-*.pt"))
-        assert 1 <= len(files) <= 2  # the last two are kept
+        # the last two are kept; three when the kill fell between a save's rename and its pruning
+        # (checkpoints.py: the new file is complete before the oldest goes)
+        assert 1 <= len(files) <= 3
         saved = torch.load(files[-1], weights_only=True)["step"]
         swarm.start_peer(0, [])
         resumed = wait_until(lambda: resumed_line(swarm, 0), 60, what="the restarted node to resume")
