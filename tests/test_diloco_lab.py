@@ -166,11 +166,13 @@ def test_a_peer_cut_for_two_rounds_is_caught_up_within_three_and_the_rounds_shri
         # flight beside the next period (1 of 5 runs needed the fourth).
         c = at_round(swarm, k0 + 3 + overlap, "three rounds after the restore")
         back, was = c[cut]["averaging"], b[cut]["averaging"]
-        # With overlap the others' trainers did not wait out the round the cut peer held to its
-        # deadline: they went on past its gate (diloco.py, "Overlap"; one that passed a gate in the
-        # 4 outer steps before waits: 1 run in 5). Blocking rounds wait.
+        # Blocking rounds never let a trainer past a gate. With overlap, whether the others pass
+        # one is timing, not checked here: they do where the cut peer holds their round past
+        # their next boundary (diloco.py, "Overlap"), but a cut peer that leaves their views
+        # before their next round begins holds none (seen under the suite's load: no round of
+        # theirs short, no gate passed). tests/test_diloco_overlap.py shows the pass by the clock.
         passed = [x["averaging"]["gates_passed"] - y["averaging"]["gates_passed"] for x, y in zip(c, b)]
-        assert any(p > 0 for p in passed[:cut]) if overlap else passed == [0] * PEERS, passed
+        assert overlap or passed == [0] * PEERS, passed
         assert back["catch_ups_completed"] > was["catch_ups_completed"], (counters(b), counters(c))
         # From then on (rounds 4-6 after the restore) the rounds carry the codec's bytes, nothing
         # pulled, nothing left in flight.
