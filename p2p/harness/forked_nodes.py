@@ -1,13 +1,14 @@
-"""Start ``p2p start`` nodes as forks of one interpreter that has already imported torch.
+"""Start ``p2p start`` nodes (and the examples' scripts) as forks of one interpreter that has
+already imported torch.
 
 Why: a fresh ``python -m p2p start`` spends ~6 s of CPU on imports before it reads a flag
 (``import torch`` ~3.4 s, and ``torch._dynamo``, which torch loads at a process's first
 optimizer, ~3 s more; on a 2-core machine that is 7-9 s to a node's first status), and the test
 suite starts well over a hundred nodes. Python's ``forkserver`` (multiprocessing) keeps one
-single-threaded process that imported ``PRELOAD`` and nothing else, and forks a child from it for
-each node: the child runs the same command line (``p2p.cli.app.main``) in its own process with
-its own sockets, model, environment and log, exits with the command's code, and dies by a
-signal like any process. What it skips is the imports, and that is what PyTorch's own
+process that imported ``PRELOAD`` and ran nothing else, and forks a child from it for each
+node: the child runs the same command line (``p2p.cli.app.main``; a script as ``__main__``) in
+its own process with its own sockets, model, environment and log, exits with the command's
+code, and dies by a signal like any process. What it skips is the imports, and that is what PyTorch's own
 DataLoader workers rely on too (a fork after ``import torch``, before any thread pool runs).
 
 Used by the tests only (``use_forks``, set by tests/conftest.py, so no subprocess inherits it):
