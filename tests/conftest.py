@@ -5,7 +5,7 @@ import pytest
 from p2p.harness import forked_nodes
 
 # The nodes and example scripts the tests start are forks of one interpreter that imported torch
-# once (p2p/harness/forked_nodes.py: ~7 s less CPU a node on this machine); the tests of the
+# once (p2p/harness/forked_nodes.py: ~6 s less CPU a node on this machine); the tests of the
 # command line and of start-up still run ``python -m p2p`` in a fresh interpreter.
 forked_nodes.use_forks = True
 
