@@ -26,7 +26,7 @@ class Swarm:
     message goes through encode/decode; ``sent`` counts the bytes each peer put on the wire."""
 
     def __init__(self, starts, codec="int4", drop=lambda src, dst, msg: False, timeout_s=10.0, robust=False,
-                 outer_lr=0.7, outer_momentum=0.9, dense_rounds=0):
+                 outer_lr=0.7, outer_momentum=0.9, dense_rounds=0, overlap=False):
         # dense_rounds 0: sparseloco from the first round, whose small shares the catch-ups here need
         self.names = [f"p{i}" for i in range(len(starts))]
         self.peers = {}
@@ -35,7 +35,8 @@ class Swarm:
             port = ArrayPort(np.asarray(start, np.float32), KEY, immediate=True)
             self.peers[name] = (port, DiLoCo(config, port, random.Random(0), 0.0,
                                              DiLoCoConfig(inner_steps=H, outer_lr=outer_lr,
-                                                          outer_momentum=outer_momentum, dense_rounds=dense_rounds)))
+                                                          outer_momentum=outer_momentum, dense_rounds=dense_rounds,
+                                                          overlap=overlap)))
             self.peers[name][1].self_addr = name  # as p2p.peer.Peer sets it
         self.now = 0.0
         self.cut: set[str] = set()
@@ -43,6 +44,7 @@ class Swarm:
         self.sent = {n: 0 for n in self.names}
         self.kinds = {n: {} for n in self.names}
         self.gate_waits = {n: 0.0 for n in self.names}  # simulated seconds a trainer waited at the gate
+        self.in_flight: list = []  # with overlap: the sends of the round begun at the last boundary
 
     def alg(self, name):
         return self.peers[name][1]
@@ -96,6 +98,27 @@ class Swarm:
                     self.gate_waits[name] += self.now - began
             if waiting:
                 self.settle(self.now + 0.05)
+
+    def overlap_round(self, rng, inner_s=1.0):
+        """With ``overlap``: H inner steps on every peer while the round begun at the last
+        boundary runs beside them. Its shares arrive halfway through, so every round ends with
+        the trainers H/2 steps past the boundary its sketches were taken at; then the gate
+        before the boundary step, the step, and the next round begins."""
+        for k, part in enumerate((H // 2, H - 1 - H // 2)):
+            for port, _ in self.peers.values():
+                port.x -= rng.standard_normal(N).astype(np.float32) * np.float32(0.01)
+                port.step += part
+            if k == 0:
+                held, self.in_flight = self.in_flight, []
+                for name, sends in held:
+                    self.send(name, sends)
+            self.settle(self.now + inner_s / 2)
+        for name in self.names:
+            port, alg = self.peers[name]
+            while alg.gate_wanted(port.step + 1) and not alg.may_step(port.step + 1, self.now):
+                self.settle(self.now + 0.05)
+            port.step += 1
+            self.in_flight.append((name, alg.after_step(port.step, self.now, self.others(name))))
 
     def bytes_now(self):
         return dict(self.sent)
@@ -375,6 +398,23 @@ def test_two_copies_apart_equally_trained_one_pulls_from_the_other_and_never_bac
         s.outer_round(rng)
     assert s.alg("p0").stats["repairs_started"] == 0
     assert all(s.alg(n).stats["repairs_started"] == s.alg(n).stats["repairs_completed"] == 1 for n in ("p1", "p2"))
+    assert agree(s, s.names)
+
+
+def test_with_overlap_a_tie_between_two_groups_still_goes_the_same_way_for_everyone():
+    """With overlap a round ends while the trainers are steps past the boundary it began at. The
+    tie-break ranks copies by the step each sketch was taken at; one that ranked our own copy by
+    our step now put it first in every tie, so each side of a 2-2 split kept its copy and the
+    split never mended (seen in a simulated cut with link latency: copies_apart rising on every
+    peer for 20 rounds, no repair)."""
+    base = starts(4)
+    s = Swarm([base[0], base[1], base[2] + 0.5, base[3] + 0.5], overlap=True)
+    rng = np.random.default_rng(4)
+    for _ in range(8):
+        s.overlap_round(rng)
+    assert s.alg("p0").stats["copies_apart"] > 0  # the split was seen
+    assert [s.alg(n).stats["repairs_started"] for n in s.names] == [0, 0, 1, 1]
+    assert all(s.alg(n).stats["repairs_completed"] == 1 for n in ("p2", "p3"))
     assert agree(s, s.names)
 
 

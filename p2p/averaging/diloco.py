@@ -553,8 +553,7 @@ class DiLoCo(AsynchronousHooks):
         start, delta, momentum = own = self._payload
         if self._serving is not None:
             round = self._serving
-        # our step at the boundary that began this outer step (a finished peer: its last)
-        step = self.port.step if self._done else self._boundary_step
+        step = self._round_step
         if not self._params_every_round:
             self._wait_for = frozenset(j for j in neighbours if j not in self._absent)
             if not self._wait_for:  # never stop waiting for everyone (we would race ahead alone)
@@ -607,6 +606,12 @@ class DiLoCo(AsynchronousHooks):
             sends += [Send(j, msg) for j in to]
         self._poll(now)
         return sends
+
+    @property
+    def _round_step(self) -> int:
+        """Our step at the boundary that began this outer step (a finished peer: its last): what
+        our share says, and what our sketch is ranked by (outer_repair.reference_group)."""
+        return self.port.step if self._done else self._boundary_step
 
     def _keep_delta(self, round: int, src: str | None, delta: np.ndarray) -> None:
         if not self._params_every_round and self._scatter is None:  # replays: the all-to-all rounds of ``full``
@@ -692,7 +697,11 @@ class DiLoCo(AsynchronousHooks):
             if self._scatter is None:  # else when the slices are gathered
                 self._watch.note_average(r, mixed.payload[1], mixed, tau is None)
             self._agree_schedule(r, mixed, missing)
-        self._watch.round_finished(r, mixed.refused, self._sketch, self.port.step, decide=not self._params_every_round)
+        # the step our sketch was taken at, as the neighbours' shares carry theirs: with overlap
+        # the trainer is steps past it by now, and ranking our copy by that step put it first
+        # in every tie (outer_repair.reference_group): each side of a 2-2 split kept its own
+        self._watch.round_finished(r, mixed.refused, self._sketch, self._round_step,
+                                   decide=not self._params_every_round)
         self._payload = mixed.payload
         self._packed = None
         if self._rounds.round % self.options.gossip_rounds or self._rounds.behind:
