@@ -38,11 +38,13 @@ def shares(rounds, seed=0):
 
 
 def donor(log_rounds, budget=10**9):
+    """A donor whose copy agreed with the swarm's after each of ``log_rounds``: all confirmed."""
     log = ShareLog(N, KEY, stats(), budget)
     for r, by_sender in log_rounds.items():
         for s, c in by_sender.items():
             log.keep(r, s, c, r)
         log.sealed(r, SENDERS)
+        log.confirm_before(r + 1)
     return log
 
 
@@ -116,9 +118,28 @@ def test_a_range_reaching_past_the_donors_round_is_finished_when_it_gets_there()
     for r in (2, 3):
         for s, c in log_rounds[r].items():
             log.keep(r, s, c, r)
-        later = log.sealed(r, SENDERS)
+        assert log.sealed(r, SENDERS) == []  # reached, but not confirmed yet
+        log.confirm_before(r + 1)  # the next round's sketches agreed
+        later = log.serve_due()
         assert [x.msg.round for x in later] == [r] * len(SENDERS)
     assert log.sealed(4, ()) == []  # answered in full: nothing waits any more
+
+
+def test_a_round_is_served_once_confirmed_and_a_replayed_one_with_the_swarms_set():
+    """Our round 1 averaged {a, b} (c's share came late); the swarm's averaged all three. Served
+    at once, it would land the puller apart by that round's difference (outer_catchup.py, "Only
+    confirmed rounds are served"): it waits until the replay repair reseals it."""
+    log_rounds = shares(range(0, 2))
+    log = donor({0: log_rounds[0]})
+    for s, c in log_rounds[1].items():
+        log.keep(1, s, c, 1)
+    log.sealed(1, ("a", "b"))  # c's share is in the log too: it came late
+    out = log.receive("me", CatchUpRange(0, 1, KEY), current=2)
+    assert [x.msg.round for x in out] == [0] * len(SENDERS)  # round 1 waits
+    assert log.serve_due() == []
+    log.reseal(1, SENDERS)  # the next round's sketches: apart; replayed with the swarm's set
+    later = log.serve_due()
+    assert [(x.msg.round, x.msg.sender, x.msg.mixed) for x in later] == [(1, s, SENDERS) for s in SENDERS]
 
 
 def test_a_donor_rejects_a_range_wider_than_its_log_or_backwards():

@@ -3,8 +3,7 @@ with shaped links, SparseLoCo's round (our slow-link configuration). A peer whos
 for two outer rounds comes back; within 3 rounds of the restore its copy of the outer
 parameters is mended by a catch-up (p2p/averaging/outer_catchup.py: the missed rounds'
 compressed shares in one range request, not theta_start), the swarm's bytes per round are back at the codec's level,
-and the copies agree again. With overlap less is checked (the test's own comment there: a
-catch-up can land apart and a pull mend it). Rounds and bytes are the nodes' own counters (``p2p status``),
+and the copies agree again; with overlap, a round later. Rounds and bytes are the nodes' own counters (``p2p status``),
 never timings; the figures with timings (steps/s around the cut) come from
 bench/diloco_repair.py.
 
@@ -73,7 +72,6 @@ def args(h: int, overlap: bool) -> list[str]:
             "--compression", "sparseloco", "--diloco-inner-steps", str(h), "--diloco-outer-lr", "1.0",
             "--diloco-outer-momentum", "0", "--min-members", str(PEERS)] + (["--diloco-overlap"] if overlap else [])
 LEVEL = 1.5  # "at the codec's level": at most this many times the steady state's bytes per round
-SETTLE_ROUNDS = 30  # with overlap: rounds after the third past the restore for the copies to agree
 
 
 @pytest.fixture
@@ -109,18 +107,6 @@ def at_round(swarm, k, what):
                    120, interval_s=0.1, what=what)
     print(what, counters(s), flush=True)  # the timeline, shown when the test fails
     return s
-
-
-def settled(swarm, s, rounds):
-    """The statuses at the first of the next ``rounds`` outer rounds (peer 0's) that compared no
-    sketch apart on any peer, with no repair in flight."""
-    for _ in range(rounds):
-        t = at_round(swarm, s[0]["averaging"]["outer_steps"] + 1, "a round")
-        if ([x["averaging"]["copies_apart"] for x in t] == [x["averaging"]["copies_apart"] for x in s]
-                and not any(x["averaging"]["repair_in_flight"] for x in t)):
-            return t
-        s = t
-    pytest.fail(f"the copies did not agree again within {rounds} rounds: {counters(s)}")
 
 
 def sent(s):
@@ -187,16 +173,10 @@ def test_a_peer_cut_for_two_rounds_is_caught_up_within_three_and_the_rounds_shri
         # theirs short, no gate passed). tests/test_diloco_overlap.py shows the pass by the clock.
         passed = [x["averaging"]["gates_passed"] - y["averaging"]["gates_passed"] for x, y in zip(c, b)]
         assert overlap or passed == [0] * PEERS, passed
-        if overlap:
-            # With overlap a catch-up began, but one can land apart and a pull of theta_start mend
-            # it, paced over several rounds (stop 39: 4 of 15 runs, 2 catch-ups then a pull of
-            # 8.7 MB, mended 9-11 rounds later; why they landed apart is not known): the checks
-            # below start once the copies agree again, within SETTLE_ROUNDS.
-            assert back["catch_ups_started"] > was["catch_ups_started"], (counters(b), counters(c))
-            c = b = settled(swarm, c, SETTLE_ROUNDS)
-            print("settled at peer 0's outer step", c[0]["averaging"]["outer_steps"], flush=True)
-        else:
-            assert back["catch_ups_completed"] > was["catch_ups_completed"], (counters(b), counters(c))
+        # (With overlap, 4 of 15 runs in stop 39 landed two catch-ups apart and then pulled: the
+        # donor had served a round its copy replayed a round later. A donor now serves a round
+        # once the next one confirmed it: outer_catchup.py, "Only confirmed rounds are served".)
+        assert back["catch_ups_completed"] > was["catch_ups_completed"], (counters(b), counters(c))
         # From then on (rounds 4-6 after the restore) the rounds carry the codec's bytes, nothing
         # pulled, nothing left in flight.
         d = at_round(swarm, c[0]["averaging"]["outer_steps"] + 3, "three more rounds")

@@ -83,7 +83,7 @@ def test_a_peer_that_stalled_for_two_periods_begins_the_round_the_others_are_at(
     assert min(s.alg(n).stats["outer_steps"] for n in s.names) >= 6
     assert {s.alg(n)._schedule.h for n in s.names} == {H if inner_steps == H else 32}
     s.stall("p2", stall_s)
-    s.run(s.now + 6.0)  # a few rounds to come back in
+    s.run(s.now + 7.3)  # a few rounds to come back in (a catch-up waits for its last round confirmed)
     before = {n: dict(s.alg(n).stats) for n in s.names}
     s.run(s.now + 5.0)  # five more: in step, one copy
     p0, p2 = (s.alg(n).stats for n in ("p0", "p2"))

@@ -372,7 +372,7 @@ class DiLoCo(AsynchronousHooks):
         self._absent: set[str] = set()
         # Copies apart: who repairs and how, replay or pull (outer_copies.py).
         self._watch = CopyWatch(self.options.outer_lr, self.options.outer_momentum, self.robust, self._mend.pullers,
-                                self.monitor, self.disagreement, self.stats, on_agreed=self._mend.catchup.note_agreed)
+                                self.monitor, self.disagreement, self.stats, on_agreed=self._mend.agreed)
         self._momentum = np.zeros_like(self._start)
         self._syncing = False  # between the boundary and the outer step
         self._shipped: np.ndarray | None = None  # overlap: our own Delta of the round in flight, in full precision
@@ -776,6 +776,7 @@ class DiLoCo(AsynchronousHooks):
             (round, d_start, d_momentum), self._watch.replay = self._watch.replay, None
             self._correct(round, d_start, d_momentum)
             self._mend.log.reseal(*self._watch.replayed_set)  # the round's set is now the reference's
+            self._outbox += self._mend.log.serve_due()  # the catch-ups that waited for it
         for done in self._mend.take():
             self._correct(done.round, done.start - done.own_start, done.momentum - done.own_momentum)
             self._mend.log.forget_before(self._rounds.round)  # our earlier rounds were not the swarm's

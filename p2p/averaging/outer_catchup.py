@@ -18,15 +18,21 @@ snapshot install) and as Streaming DiLoCo's workers rejoin from the fragments' o
   share of every sender that average took, its own included, and the set it took. The log
   follows the copy: a one-round replay repair (outer_copies.py) that replaced a round's
   average by the reference's replaces the set (the late shares it names are kept too), and a
-  pull or catch-up that landed drops the rounds before it (they were not the swarm's). A donor
-  serving a round it has since replayed would land its puller apart (a likely, unconfirmed,
-  cause of a second repair seen once in the lab test). The newest rounds that fit in
-  ``log_budget`` bytes (half of theta_start's: more, and the pull is cheaper) and at most
-  ``LOG_ROUNDS``. A request names a range of rounds (``CatchUpRange``, first..last, at most
-  ``LOG_ROUNDS``): every logged round of it is answered in order, one ``CatchUpShare`` per
-  sender per round; the first round it does not hold gets ``CatchUpMissing`` and ends the
-  answer; from the first round not reached yet on, the rest is answered when the donor's outer
-  step of each comes (at most ``MAX_PENDING`` requests waiting). The one-round
+  pull or catch-up that landed drops the rounds before it (they were not the swarm's). The
+  newest rounds that fit in ``log_budget`` bytes (half of theta_start's: more, and the pull is
+  cheaper) and at most ``LOG_ROUNDS``. A request names a range of rounds (``CatchUpRange``,
+  first..last, at most ``LOG_ROUNDS``): every logged round of it is answered in order, one
+  ``CatchUpShare`` per sender per round; the first round it does not hold gets
+  ``CatchUpMissing`` and ends the answer; from the first round not confirmed yet on, the rest
+  is answered when it is (at most ``MAX_PENDING`` requests waiting).
+- **Only confirmed rounds are served** (``confirm_before``). A round is logged at our outer
+  step with the set we averaged, but whether that was the swarm's set shows only when the next
+  round's sketches are compared: the copy it made agreed with the reference group's, or a
+  replay repair replaced the set by theirs (``reseal``). Served before that, a round that our
+  copy then replayed landed its puller apart by that round's difference: two catch-ups and then
+  the full pull (8.7 MB on nodes.wide), seen in 4 of 15 runs of the lab's overlap test (stop 39)
+  and reproduced in a simulated cut with link latency (stop 40: the donor's round had missed
+  the restored peer's late share). The newest round waits one round longer for it. The one-round
   ``CatchUpRequest`` of the first protocol is still answered, as the range [round, round].
 - **Our base** (``CatchUpPuller.note_begin`` / ``note_agreed``): our (theta_start, momentum) at
   the start of the last round whose sketches put us in the reference group (outer_copies.py):
@@ -154,7 +160,9 @@ class ShareLog:
         self._shares: dict[int, dict[str, Compressed]] = {}  # round -> sender -> share (not sealed yet)
         self._sealed: dict[int, tuple[tuple, dict[str, Compressed]]] = {}  # round -> (mixed, shares: those
         # it averaged and any that came late)
-        self._pending: list[tuple[str, int, int]] = []  # (asker, first round not reached yet, last)
+        self._pending: list[tuple[str, int, int]] = []  # (asker, first round not confirmed yet, last)
+        self._confirmed = 0  # the rounds before this one are the swarm's (module docstring)
+        self._current = 0  # our round in flight or next, as last seen
 
     def keep(self, round: int, src: Optional[str], packed: Optional[Compressed], current: int) -> None:
         """A share of round ``round`` (ours, or a neighbour's): kept until the round is sealed, and
@@ -170,10 +178,23 @@ class ShareLog:
 
     def reseal(self, round: int, mixed: tuple) -> None:
         """Our copy took another average of round ``round`` (a replay repair, outer_copies.py):
-        ``mixed`` is the set the swarm averaged; the round is dropped if a share of it is missing."""
+        ``mixed`` is the set the swarm averaged; the round is dropped if a share of it is missing.
+        Either way our copy is the reference's from the next round on: ``serve_due`` answers."""
         held = self._sealed.pop(round, None)
         if held is not None and mixed and all(s in held[1] for s in mixed):
             self._sealed[round] = (tuple(mixed), held[1])
+        self.confirm_before(round + 1)
+
+    def confirm_before(self, round: int) -> None:
+        """Our copy at the start of round ``round`` was the reference group's: the rounds before
+        it averaged what the swarm did, and may be served (module docstring)."""
+        self._confirmed = max(self._confirmed, round)
+
+    def serve_due(self) -> list[Send]:
+        """The waiting requests whose first round is confirmed now."""
+        due = [x for x in self._pending if x[1] < self._confirmed]
+        self._pending = [x for x in self._pending if x[1] >= self._confirmed]
+        return [x for src, first, last in due for x in self._serve(src, first, last, self._current)]
 
     def forget_before(self, round: int) -> None:
         """A pulled or caught-up state landed: our rounds before ``round`` were not the swarm's."""
@@ -188,9 +209,8 @@ class ShareLog:
             self._sealed[round] = (mixed, shares)
         while self._sealed and (len(self._sealed) > LOG_ROUNDS or self._bytes() > self.budget):
             del self._sealed[min(self._sealed)]
-        due = [x for x in self._pending if x[1] <= round]
-        self._pending = [x for x in self._pending if x[1] > round]
-        return [x for src, first, last in due for x in self._serve(src, first, last, round + 1)]
+        self._current = max(self._current, round + 1)
+        return self.serve_due()
 
     def _bytes(self) -> int:
         return sum(c.nbytes for _, shares in self._sealed.values() for c in shares.values())
@@ -204,15 +224,16 @@ class ShareLog:
         if not 0 <= first <= last < first + LOG_ROUNDS:
             raise RemoteProtocolError("bad_value", f"catch-up rounds {first}..{last}")
         self._pending = [x for x in self._pending if x[0] != src]  # a new ask replaces the one before
-        return self._serve(src, first, last, current)
+        self._current = max(self._current, current)
+        return self._serve(src, first, last, self._current)
 
     def _serve(self, src: str, first: int, last: int, current: int) -> list[Send]:
         """Every logged round of first..last in order; for the first one we do not hold, a
-        ``CatchUpMissing`` and nothing after it; from the first one not reached yet, the rest
-        when we reach it (at most ``MAX_PENDING`` requests wait)."""
+        ``CatchUpMissing`` and nothing after it; from the first one not confirmed yet (not
+        reached, or not compared yet), the rest when it is (at most ``MAX_PENDING`` requests wait)."""
         out = []
         for r in range(first, last + 1):
-            if current <= r < current + LOG_ROUNDS:
+            if self._confirmed <= r < current + LOG_ROUNDS:
                 self._pending = self._pending[-(MAX_PENDING - 1):] + [(src, r, last)]
                 return out
             held = self._sealed.get(r)

@@ -66,6 +66,12 @@ class Mending:
             self.log.keep(r, own, packed, r)
             self.catchup.note_begin(r, start, momentum)
 
+    def agreed(self, r: int) -> None:
+        """Round ``r``'s sketches put us in the reference group: its start is the catch-up's
+        base, and the rounds before it may be served (outer_catchup.py)."""
+        self.catchup.note_agreed(r)
+        self.log.confirm_before(r)
+
     def share_in(self, r: int, src: str, packed: Compressed, current: int) -> None:
         """A neighbour's packed share of round ``r`` (late ones too): logged for catch-ups."""
         if self.log.budget:
