@@ -32,12 +32,13 @@ class Swarm:
 
     def __init__(self, starts, codec="int4", drop=lambda src, dst, msg: False, timeout_s=10.0, robust=False,
                  outer_lr=0.7, outer_momentum=0.9, dense_rounds=0, overlap=False, latency_s=0.0,
-                 rate_bps=20e6, seed=0, views_drop_cut=False):
+                 rate_bps=20e6, seed=0, views_drop_cut=False, staleness_tau=None):
         # dense_rounds 0: sparseloco from the first round, whose small shares the catch-ups here need
         self.names = [f"p{i}" for i in range(len(starts))]
         self.peers = {}
         for name, start in zip(self.names, starts):
-            config = AveragingConfig(round_timeout_s=timeout_s, robust_mixing=robust, compression=codec)
+            config = AveragingConfig(round_timeout_s=timeout_s, robust_mixing=robust, compression=codec,
+                                     staleness_aware=staleness_tau is not None, staleness_tau=staleness_tau or 10.0)
             port = ArrayPort(np.asarray(start, np.float32), KEY, immediate=True)
             self.peers[name] = (port, DiLoCo(config, port, random.Random(0), 0.0,
                                              DiLoCoConfig(inner_steps=H, outer_lr=outer_lr,
@@ -449,6 +450,19 @@ def test_with_overlap_a_tie_between_two_groups_still_goes_the_same_way_for_every
     assert s.alg("p0").stats["copies_apart"] > 0  # the split was seen
     assert [s.alg(n).stats["repairs_started"] for n in s.names] == [0, 0, 1, 1]
     assert all(s.alg(n).stats["repairs_completed"] == 1 for n in ("p2", "p3"))
+    assert agree(s, s.names)
+
+
+def test_with_overlap_peers_at_the_same_boundary_are_not_stale_to_each_other():
+    """Staleness-aware mixing weighs a share by how many steps older than ours it is. With
+    overlap the round ends H/2 steps past the boundary here: measured from our step now, every
+    neighbour looked 2 steps stale, each peer kept more of its own pseudo-gradient, and the
+    copies parted at every round. From the boundary (the step its share carries): none is."""
+    s = Swarm(starts(3), overlap=True, latency_s=0.2, staleness_tau=1.0)
+    rng = np.random.default_rng(8)
+    for _ in range(4):
+        s.overlap_round(rng)
+    assert all(s.alg(n).stats["outer_steps"] == 3 for n in s.names)
     assert agree(s, s.names)
 
 

@@ -610,7 +610,8 @@ class DiLoCo(AsynchronousHooks):
     @property
     def _round_step(self) -> int:
         """Our step at the boundary that began this outer step (a finished peer: its last): what
-        our share says, and what our sketch is ranked by (outer_repair.reference_group)."""
+        our share says, what our sketch is ranked by (outer_repair.reference_group) and what the
+        neighbours' staleness is measured from (with overlap the trainer is past it by then)."""
         return self.port.step if self._done else self._boundary_step
 
     def _keep_delta(self, round: int, src: str | None, delta: np.ndarray) -> None:
@@ -682,7 +683,7 @@ class DiLoCo(AsynchronousHooks):
             return
         tau = self.config.staleness_tau if self.config.staleness_aware else None
         r = self._rounds.round
-        mixed = self._rounds.finish(self.port.step, tau, now)
+        mixed = self._rounds.finish(self._round_step, tau, now)
         if not self._params_every_round:
             # Missing: a neighbour waited for whose share did not come. Not one whose share for a
             # later round is here: it moved on without this round (its rounds were realigned,
