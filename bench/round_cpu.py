@@ -8,7 +8,7 @@ model, and between boundaries moves every model by a fixed pseudo-gradient (a sh
 direction plus a peer's own, so robust mixing's direction test passes as in training). No
 training steps run: what is timed is the round alone.
 
-    python bench/round_cpu.py [--codec sparseloco] [--rounds 20] [--peers 4]
+    python bench/round_cpu.py [--codec sparseloco] [--topk-fraction 0.02] [--rounds 20] [--peers 4]
         [--task nodes.wide:WideTask] [--outer-lr 1.0 --outer-momentum 0.0]
 
 Prints the round's CPU per peer (``time.thread_time``, no profiler, median over rounds), then a
@@ -68,7 +68,7 @@ def build(args):
     torch.set_num_threads(1)
     task = load_task(args.task)
     names = [f"peer{i}" for i in range(args.peers)]
-    config = AveragingConfig(compression=args.codec, round_timeout_s=3600.0)
+    config = AveragingConfig(compression=args.codec, round_timeout_s=3600.0, compression_topk_fraction=args.topk_fraction)
     options = DiLoCoConfig(inner_steps=args.h, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
     rng = np.random.default_rng(0)
     flats, ports, algs = [], [], []
@@ -115,6 +115,7 @@ def run_round(k, names, flats, ports, algs, shared, own, encode, decode, h, prof
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--codec", default="sparseloco")
+    ap.add_argument("--topk-fraction", type=float, default=None, help="sparseloco's density (default: its 2%%)")
     ap.add_argument("--task", default="nodes.wide:WideTask")
     ap.add_argument("--peers", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=20)
@@ -151,7 +152,7 @@ def main(argv=None) -> int:
         covered += ms
     total = sum(v[2] for v in stats.values()) * scale  # every function's own time: the whole profile
     n = state[1][0].numel
-    print(f"{args.codec}, {n:,} parameters, {args.peers} peers, {args.rounds} rounds; load {os.getloadavg()[0]:.2f}")
+    print(f"{args.codec}{'' if args.topk_fraction is None else f' at {args.topk_fraction:g}'}, {n:,} parameters, {args.peers} peers, {args.rounds} rounds; load {os.getloadavg()[0]:.2f}")
     print(f"round CPU per peer (thread_time, no profiler): median {statistics.median(per_peer) * 1e3:.1f} ms, "
           f"min {min(per_peer) * 1e3:.1f} ms")
     print(f"| piece (cProfile, cumulative) | ms / round / peer |\n|---|---:|")

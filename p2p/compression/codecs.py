@@ -58,7 +58,7 @@ import numpy as np
 from p2p.compression.kernels import (CHUNK, bf16_bits, bf16_to_float32, block_absmax, block_abssum, f16_bits,
                                      f16_to_float32, nblocks, per_element, rows_top_k, sort_rows_u16, spans,
                                      top_k_indices)
-from p2p.compression.sparse_wire import packed_size, sparse_layout
+from p2p.compression.sparse_wire import entries, packed_size, sparse_layout
 from p2p.protocol import LocalProtocolError, RemoteProtocolError
 
 MAX_NUMEL = 2**31 - 1  # topk indices are int32
@@ -487,13 +487,9 @@ class SparseLoCo(_Codec):
 
     @staticmethod
     def decode(c: Compressed) -> np.ndarray:
-        codes, levels = c.arrays
-        block, k = c.meta
         out = np.zeros(c.numel, dtype=np.float32)
-        chunk = np.arange(codes.size) // k  # every chunk but the last holds exactly k entries
-        values = levels[2 * chunk + (codes & 1)]
-        np.negative(values, out=values, where=(codes & 2).astype(bool))
-        out[chunk * block + (codes >> 2)] = values
+        indices, values = entries(*c.arrays, *c.meta)
+        out[indices] = values
         return out
 
 

@@ -16,12 +16,12 @@ Mixed with dense vectors (a peer that sends another codec), ``dense`` gives the 
 
 from __future__ import annotations
 
-import functools
 from typing import Sequence, Union
 
 import numpy as np
 
 from p2p.compression.codecs import Compressed
+from p2p.compression.sparse_wire import entries
 
 
 class SparseDelta:
@@ -63,22 +63,8 @@ def decode_sparseloco(c: Compressed) -> SparseDelta:
     gives, without the model-sized zeros (the same index and value arithmetic)."""
     codes, levels = c.arrays
     block, k = c.meta
-    first, level = _chunk_bases(codes.size, block, k)
-    values = levels[level + (codes & 1)]
-    np.negative(values, out=values, where=(codes & 2).astype(bool))
     # offsets ascend within a chunk and chunks in order: the indices ascend (validate checks it)
-    return SparseDelta(c.numel, first + (codes >> 2), values)
-
-
-@functools.lru_cache(maxsize=2)  # the swarm's codec settings; small: a peer picks (block, k)
-def _chunk_bases(kept: int, block: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per kept entry, its chunk's first index and its chunk's first level: the same for every
-    record of one model and codec, so computed once (an int64 division per entry was ~1/3 of a
-    decode). Every chunk but the last holds exactly k entries."""
-    chunk = np.arange(kept) // k
-    first, level = chunk * block, 2 * chunk
-    first.flags.writeable = level.flags.writeable = False
-    return first, level
+    return SparseDelta(c.numel, *entries(codes, levels, block, k))
 
 
 def dense(v: Vector) -> np.ndarray:
