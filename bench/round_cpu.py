@@ -68,7 +68,8 @@ def build(args):
     torch.set_num_threads(1)
     task = load_task(args.task)
     names = [f"peer{i}" for i in range(args.peers)]
-    config = AveragingConfig(compression=args.codec, round_timeout_s=3600.0, compression_topk_fraction=args.topk_fraction)
+    config = AveragingConfig(compression=args.codec, round_timeout_s=3600.0,
+                             compression_topk_fraction=args.topk_fraction)
     options = DiLoCoConfig(inner_steps=args.h, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
     rng = np.random.default_rng(0)
     flats, ports, algs = [], [], []
@@ -152,7 +153,9 @@ def main(argv=None) -> int:
         covered += ms
     total = sum(v[2] for v in stats.values()) * scale  # every function's own time: the whole profile
     n = state[1][0].numel
-    print(f"{args.codec}{'' if args.topk_fraction is None else f' at {args.topk_fraction:g}'}, {n:,} parameters, {args.peers} peers, {args.rounds} rounds; load {os.getloadavg()[0]:.2f}")
+    density = "" if args.topk_fraction is None else f" at {args.topk_fraction:g}"
+    print(f"{args.codec}{density}, {n:,} parameters, {args.peers} peers, {args.rounds} rounds; "
+          f"load {os.getloadavg()[0]:.2f}")
     print(f"round CPU per peer (thread_time, no profiler): median {statistics.median(per_peer) * 1e3:.1f} ms, "
           f"min {min(per_peer) * 1e3:.1f} ms")
     print(f"| piece (cProfile, cumulative) | ms / round / peer |\n|---|---:|")
