@@ -156,6 +156,13 @@ P2P_CONFIGS: dict[str, list[str]] = {
                                    "--diloco-warmup-steps", "300", "--diloco-warmup-inner-steps", "10"],
     # the same with post-local SGD's warm-up (diloco.py, "Warm-up"): H 10 for the first 300 steps,
     # where H 25 was 0.6-2.5 points under DDP at 20% of the run (stop 31), then H 25, level from 40% on
+    "p2p-diloco-sparse10-h25-warm": ["--algorithm", "diloco", "--compression", "sparseloco", "--diloco-inner-steps",
+                                     "25", "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0",
+                                     "--diloco-warmup-steps", "300", "--diloco-warmup-inner-steps", "10",
+                                     "--topk-fraction", "0.1"],
+    # the same at 10% density (every round, the warm-up's and H 25's): in the sweep 0.80 in ~110
+    # steps where DDP took ~121 and 2% ~147; in the lab sooner to 0.80 at 100 and 20 Mbit/s, at
+    # more per-step overhead (README, stop 40)
     "p2p-diloco-sparse-h10": ["--algorithm", "diloco", "--compression", "sparseloco", "--diloco-inner-steps", "10",
                               "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0"],
     # the same at H=10: bench/diloco_sweep.py had it at DDP's accuracy from 240 steps on, where H=25
