@@ -124,6 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--outer-lr", type=float, default=None)
     ap.add_argument("--outer-momentum", type=float, default=None)
     args = ap.parse_args(argv)
+    if args.topk_fraction is not None and not 0 < args.topk_fraction <= 1:
+        ap.error(f"--topk-fraction must be in (0, 1], got {args.topk_fraction}")
     from p2p.wire import decode, encode
 
     state = build(args)

@@ -2,8 +2,6 @@
 background, that cannot feed on itself. Pure protocol on a logical clock, every message
 through the real wire codec, no sleeps."""
 
-import heapq
-import itertools
 import random
 
 import numpy as np
@@ -16,6 +14,8 @@ from p2p.averaging.outer_repair import (CHUNK_ENTRIES, STALE, RepairChunk, Repai
                                         chunk_bounds, propagate, reference_group)
 from p2p.protocol import RemoteProtocolError
 from p2p.sim.avg_port import ArrayPort
+from p2p.sim.loop import EventLoop
+from p2p.sim.network import Network
 from p2p.wire import decode, encode
 
 N = 300_000  # parameters: one chunk of theta_start, one of momentum
@@ -26,8 +26,9 @@ H = 4
 class Swarm:
     """Peers on a full graph, a logical clock and a network that can cut a peer off. Every
     message goes through encode/decode; ``sent`` counts the bytes each peer put on the wire.
-    Delivery is instant, or with ``latency_s`` as over TCP: in order on each link, its bytes at
-    ``rate_bps``, then the latency plus up to as much again of jitter (seeded by ``seed``).
+    Delivery is instant, or with ``latency_s`` through the simulators' network model
+    (p2p/sim/network.py: each sender's uplink at ``rate_bps``, then the latency plus up to as
+    much again of jitter, seeded by ``seed``).
     ``views_drop_cut``: the others' views leave a cut peer out (membership declared it dead)."""
 
     def __init__(self, starts, codec="int4", drop=lambda src, dst, msg: False, timeout_s=10.0, robust=False,
@@ -51,10 +52,9 @@ class Swarm:
         self.sent = {n: 0 for n in self.names}
         self.kinds = {n: {} for n in self.names}
         self.gate_waits = {n: 0.0 for n in self.names}  # simulated seconds a trainer waited at the gate
-        self.latency_s, self.rate_bps, self.jitter = latency_s, rate_bps, random.Random(seed)
-        self.wire: list = []  # with latency: (arrival, order, src, dst, frames), a heap
-        self.link_free: dict = {}  # (src, dst) -> when its last message was sent and arrived
-        self.order = itertools.count()  # ties in the heap: in sending order
+        self.latency_s, self.wire = latency_s, EventLoop()  # with latency: the messages in flight
+        self.net = Network(self.wire, random.Random(seed), len(self.names), delay_s=latency_s, jitter_s=latency_s,
+                           bandwidth_bps=rate_bps)
         self.views_drop_cut = views_drop_cut
 
     def alg(self, name):
@@ -76,13 +76,7 @@ class Swarm:
             if src in self.cut or s.to in self.cut or self.drop(src, s.to, s.msg):
                 continue
             if self.latency_s:
-                link = (src, s.to)
-                sent_at, arrived_at = self.link_free.get(link, (0.0, 0.0))
-                sent_at = max(self.now, sent_at) + 8 * nbytes / self.rate_bps
-                # in order: none overtakes the one before on its link
-                arrival = max(sent_at + self.latency_s * (1 + self.jitter.random()), arrived_at)
-                self.link_free[link] = (sent_at, arrival)
-                heapq.heappush(self.wire, (arrival, next(self.order), src, s.to, frames))
+                self.net.send(self.now, self.names.index(src), self.names.index(s.to), frames, nbytes)
                 continue
             queue += [(s.to, x) for x in self.deliver(src, s.to, frames)]
 
@@ -96,8 +90,9 @@ class Swarm:
         while True:
             due = [(self.alg(n).next_deadline(), n) for n in self.names]
             t, name = min(due)
-            if self.wire and self.wire[0][0] <= min(t, until):
-                arrival, _, src, dst, frames = heapq.heappop(self.wire)
+            if self.wire.peek_time() <= min(t, until):
+                arrival, _, _, dst, src, frames = self.wire.pop()
+                src, dst = self.names[src], self.names[dst]
                 self.now = max(self.now, arrival)
                 if src not in self.cut and dst not in self.cut:
                     self.send(dst, self.deliver(src, dst, frames))
@@ -445,7 +440,7 @@ def test_with_overlap_a_tie_between_two_groups_still_goes_the_same_way_for_every
     base = starts(4)  # shares arrive ~0.2-0.4 s into a 1-s period: the trainers are H/2 steps on
     s = Swarm([base[0], base[1], base[2] + 0.5, base[3] + 0.5], overlap=True, latency_s=0.2)
     rng = np.random.default_rng(4)
-    for _ in range(8):
+    for _ in range(12):  # p2's and p3's pulls share p0's 20 Mbit/s uplink
         s.overlap_round(rng)
     assert s.alg("p0").stats["copies_apart"] > 0  # the split was seen
     assert [s.alg(n).stats["repairs_started"] for n in s.names] == [0, 0, 1, 1]
