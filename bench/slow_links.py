@@ -163,6 +163,17 @@ P2P_CONFIGS: dict[str, list[str]] = {
     # the same at 10% density (every round, the warm-up's and H 25's): in the sweep 0.80 in ~110
     # steps where DDP took ~121 and 2% ~147; in the lab sooner to 0.80 at 100 and 20 Mbit/s, at
     # more per-step overhead (README, stop 40)
+    "p2p-diloco-sparse-h25-warm10": ["--algorithm", "diloco", "--compression", "sparseloco", "--diloco-inner-steps",
+                                     "25", "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0",
+                                     "--diloco-warmup-steps", "300", "--diloco-warmup-inner-steps", "10",
+                                     "--diloco-warmup-topk-fraction", "0.1"],
+    # 10% in the warm-up's rounds only, 2% after: its steps saved, not the later rounds' cost
+    "p2p-diloco-sparse-h25-overlap-warm10": ["--algorithm", "diloco", "--compression", "sparseloco",
+                                             "--diloco-inner-steps", "25", "--diloco-outer-lr", "1.0",
+                                             "--diloco-outer-momentum", "0", "--diloco-overlap",
+                                             "--diloco-warmup-steps", "300", "--diloco-warmup-inner-steps", "10",
+                                             "--diloco-warmup-topk-fraction", "0.1"],
+    # the same with the round beside the next inner steps (examples/slow-links.toml's overlap)
     "p2p-diloco-sparse-h10": ["--algorithm", "diloco", "--compression", "sparseloco", "--diloco-inner-steps", "10",
                               "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0"],
     # the same at H=10: bench/diloco_sweep.py had it at DDP's accuracy from 240 steps on, where H=25

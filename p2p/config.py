@@ -274,6 +274,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "DiLoCo: for the first this many steps, average every --diloco-warmup-inner-steps instead of every H (post-local SGD's warm-up: local steps cost accuracy early that they do not later; default 0: none; fixed H only)."),
     Setting("diloco_warmup_inner_steps", "diloco", "warmup_inner_steps", lambda v: _number(v, low=1, low_ok=True, integer=True),
             "DiLoCo: inner steps between outer synchronisations during --diloco-warmup-steps (default 10)."),
+    Setting("diloco_warmup_topk_fraction", "diloco", "warmup_topk_fraction", lambda v: float(_number(v, high=1, high_ok=True)),
+            "DiLoCo with sparseloco: the fraction of each chunk the rounds of --diloco-warmup-steps keep (default: --topk-fraction's): denser rounds while the early Deltas are large and spread."),
     Setting("diloco_reduce_scatter", "diloco", "reduce_scatter", _flag,
             "DiLoCo: average each outer round by reduce-scatter + all-gather, 2(N-1)/N model-sizes per peer instead of N-1 (dense codecs, one gossip round; every peer must run with it)."),
     Setting("sgp_push_interval", "sgp", "push_interval_s", lambda v: float(_number(v, low_ok=True)),
@@ -383,6 +385,9 @@ def check_runnable(config: SwarmConfig) -> None:
     if getattr(config.options, "dense_rounds", 0) and codec != "sparseloco":
         raise SettingError("diloco_dense_rounds", f"needs --compression sparseloco (the dense rounds stand in for its "
                                                   f"first sparse ones), not {codec}")
+    if getattr(config.options, "warmup_topk_fraction", None) is not None and codec != "sparseloco":
+        raise SettingError("diloco_warmup_topk_fraction", f"needs --compression sparseloco (it sets the density of "
+                                                          f"its warm-up rounds), not {codec}")
     try:
         make_averager(name, config.averaging, _ProbePort(), random.Random(0), 0.0, options=config.options)
     except (ValueError, LocalProtocolError) as exc:

@@ -69,6 +69,12 @@ BAD_FLAGS = [
      "--diloco-warmup-steps: warmup_steps needs a fixed inner_steps"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--diloco-warmup-inner-steps", "0"],
      "--diloco-warmup-inner-steps: must be >= 1"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--compression", "sparseloco", "--diloco-warmup-steps",
+      "300", "--diloco-warmup-topk-fraction", "1.5"], "--diloco-warmup-topk-fraction: must be > 0 and <= 1"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--compression", "sparseloco",
+      "--diloco-warmup-topk-fraction", "0.1"], "--diloco-warmup-topk-fraction: warmup_topk_fraction needs warmup_steps"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--compression", "int4", "--diloco-warmup-steps", "300",
+      "--diloco-warmup-topk-fraction", "0.1"], "--diloco-warmup-topk-fraction: needs --compression sparseloco"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--topology", "ring", "--diloco-reduce-scatter"],
      "--diloco-reduce-scatter: needs --topology full"),
 ]

@@ -167,6 +167,39 @@ def test_sparseloco_sends_its_first_rounds_as_dense_int4_and_a_peer_counting_oth
     assert moved[4] > 0.9 * N and moved[0] < 0.1 * N, moved
 
 
+def test_the_warm_up_s_rounds_keep_their_own_density_and_later_rounds_the_codec_s():
+    """warmup_topk_fraction (diloco.py, "Warm-up"): the rounds whose boundary falls in the
+    warm-up keep 10% of each chunk, the later ones sparseloco's 2%; a peer without it sends 2%
+    throughout, and the copies stay one (each share decodes by the k it carries)."""
+    rng = np.random.default_rng(4)
+    drifts = [rng.standard_normal(N).astype(np.float32) * 0.01 for _ in range(3)]
+    warm = DiLoCoConfig(inner_steps=1, warmup_steps=3, warmup_inner_steps=1, warmup_topk_fraction=0.1)
+    peers = [make(np.zeros(N), warm, compression="sparseloco", compression_block=500) for _ in range(2)]
+    peers.append(make(np.zeros(N), DiLoCoConfig(inner_steps=1), compression="sparseloco", compression_block=500))
+    kept = []  # per round: the k of each peer's shares
+    for k in range(5):
+        for (port, _), d in zip(peers, drifts):
+            port.x -= d
+            port.step += 1
+        sends = outer_round(peers, float(k))
+        kept.append([{s.msg.meta[1] for s in sends[f"p{i}"]} for i in range(3)])
+    assert kept[:3] == [[{50}, {50}, {10}]] * 3  # steps 1-3: the warm-up's, ceil(0.1 * 500)
+    assert kept[3:] == [[{10}] * 3] * 2
+    for _, alg in peers[1:]:
+        np.testing.assert_allclose(alg.outer_parameters, peers[0][1].outer_parameters, rtol=0, atol=1e-6)
+        assert alg.stats["copies_apart"] == 0
+    with pytest.raises(LocalProtocolError, match="warmup_topk_fraction is sparseloco's density"):
+        make(np.zeros(N), warm, compression="int4")
+
+
+def test_a_warm_up_density_is_refused_without_a_warm_up_or_outside_0_1():
+    with pytest.raises(ValueError, match="warmup_topk_fraction needs warmup_steps"):
+        DiLoCoConfig(warmup_topk_fraction=0.1)
+    for bad in (0, 1.5, True, "0.1"):
+        with pytest.raises(ValueError, match="warmup_topk_fraction must be a number in"):
+            DiLoCoConfig(warmup_steps=10, warmup_topk_fraction=bad)
+
+
 def timed_rounds(waits, step_s=0.5):
     """Two sparseloco peers, H 2, as the trainer drives them: every inner step takes ``step_s``,
     the gates come where the algorithm wants them, and at each boundary the trainer waits at

@@ -114,7 +114,11 @@ in the lab (nodes.wide, 4 peers, sparseloco): H 10 is at DDP's accuracy after 20
 H 25 0.6-2.5 points under, and from 40% on both are level; H 10 all the way costs 2.5x the rounds.
 The boundaries stay a function of the step alone (multiples of the warm-up's H up to the end of
 the warm-up, then every H after it: outer_schedule.py), so every peer, joiner and resumed peer
-puts them on the same steps and rounds stay one boundary each.
+puts them on the same steps and rounds stay one boundary each. With sparseloco the warm-up's
+rounds may keep a larger share of each chunk (``warmup_topk_fraction``): 2% of the large, spread
+early Deltas leaves the outer parameters behind, where 10% reached 0.80 on nodes.wide in ~110
+steps against 2%'s ~147 and DDP's ~121 (bench/diloco_sweep.py, stop 40); after the warm-up the
+rounds go back to the codec's own density, whose few bytes and CPU the long run is made of.
 
 theta_start never travels in the rounds on ``full`` (``gossip_rounds`` = 1). Every share carries
 a sketch of the sender's theta_start (a few hundred entries at fixed positions). Peers that mixed
@@ -222,6 +226,9 @@ class DiLoCoConfig:
     # steps average every ``warmup_inner_steps`` (module docstring, "Warm-up"); 0: none
     warmup_steps: int = 0
     warmup_inner_steps: int = 10
+    # with sparseloco, the fraction of each chunk the warm-up's rounds keep (module docstring,
+    # "Warm-up"); None: the codec's own, as every later round
+    warmup_topk_fraction: float | None = None
 
     def __post_init__(self) -> None:
         h = self.inner_steps
@@ -246,6 +253,12 @@ class DiLoCoConfig:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.warmup_steps and h == "auto":
             raise ValueError("warmup_steps needs a fixed inner_steps: auto already begins at the smallest H (4) and grows")
+        f = self.warmup_topk_fraction
+        if f is not None:
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+                raise ValueError(f"warmup_topk_fraction must be a number in (0, 1], got {f!r}")
+            if not self.warmup_steps:
+                raise ValueError("warmup_topk_fraction needs warmup_steps (it sets the warm-up's density)")
 
     def outer_defaults(self, compression: str) -> "DiLoCoConfig":
         """These settings with the outer step the codec calls for where none was given: DiLoCo's
@@ -330,6 +343,13 @@ class DiLoCo(AsynchronousHooks):
         self.port = port
         self._compressor = None if config.compression == "none" else compressor_from_config(config)
         self._dense = DenseRounds(self.options.dense_rounds, feedback)  # the first rounds' codec (outer_dense.py)
+        self._warm_compressor = None  # the warm-up's rounds' (module docstring, "Warm-up")
+        if self.options.warmup_topk_fraction is not None:
+            if config.compression != "sparseloco":
+                raise LocalProtocolError(f"diloco's warmup_topk_fraction is sparseloco's density in the warm-up; "
+                                         f"compression is {config.compression!r}")
+            self._warm_compressor = compressor_from_config(
+                replace(config, compression_topk_fraction=self.options.warmup_topk_fraction))
         self.outer_at_step = port.step  # the inner steps the outer parameters hold (p2p.Swarm.evaluation_step)
         self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0,
                                       "rounds_realigned": 0, "dense_rounds": 0, "gates_passed": 0}
@@ -542,7 +562,10 @@ class DiLoCo(AsynchronousHooks):
         """The round's (theta_start, Delta, momentum), Delta as the neighbours will decode it.
         ``own``: Delta is our own pseudo-gradient, which error feedback tops up (docstring)."""
         self._packed = None
-        compressor = self._dense.choose(self._compressor, self._rounds.next_round())
+        usual = self._compressor
+        if self._warm_compressor is not None and self._round_step <= self._schedule.warm_end:
+            usual = self._warm_compressor
+        compressor = self._dense.choose(usual, self._rounds.next_round())
         if compressor is not None:  # the residual is updated in place (outer_codec.py)
             self._packed, delta = pack(compressor, delta, self._residual if own else None)
         self._payload = (start, delta, momentum)

@@ -76,6 +76,7 @@ def start(
     diloco_dense_rounds: Optional[int] = _opt("diloco_dense_rounds"),
     diloco_warmup_steps: Optional[int] = _opt("diloco_warmup_steps"),
     diloco_warmup_inner_steps: Optional[int] = _opt("diloco_warmup_inner_steps"),
+    diloco_warmup_topk_fraction: Optional[float] = _opt("diloco_warmup_topk_fraction"),
     diloco_reduce_scatter: Optional[bool] = _opt("diloco_reduce_scatter", None,
                                                  "--diloco-reduce-scatter/--no-diloco-reduce-scatter"),
     sgp_push_interval: Optional[float] = _opt("sgp_push_interval"),
