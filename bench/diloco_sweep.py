@@ -15,12 +15,15 @@ A variant is ``ddp``, ``compute_only`` or ``CODEC:H:OUTER_LR:OUTER_MOMENTUM`` (C
 one of p2p.averaging.diloco.CODECS; sparseloco at its default 2% density, meant for
 ``sparseloco:H:1.0:0.0``, SparseLoCo's outer rule; ``sparseloco@0.1`` keeps 10% of each chunk,
 as ``--topk-fraction 0.1``; H ``25w300``: H 25 after a warm-up of 300 steps at H 10, as
-``--diloco-warmup-steps 300``; an optional fifth field ``d4``: the swarm's first 4 rounds int4,
-as ``--diloco-dense-rounds 4``). Prints one row per variant: accuracy (mean over peers) at each
-evaluation step, and the DiLoCo bytes each peer sent (wire payload, all rounds). DiLoCo's
-accuracy is its outer parameters' (theta_start), as the nodes score it: the live model between
-outer steps is one peer's local run, and an evaluation step that is not a multiple of H would
-score that instead (2-6 points lower on nodes.wide at H 25).
+``--diloco-warmup-steps 300``; optional further fields: ``d4``, the swarm's first 4 rounds int4,
+as ``--diloco-dense-rounds 4``; ``wf0.1``, the warm-up's rounds at 10% of each chunk, as
+``--diloco-warmup-topk-fraction 0.1``; ``o3``, overlap (``--diloco-overlap``) with every share
+arriving 3 inner steps after it was sent, or at the gate that waits for it). Prints one row per
+variant: accuracy (mean over peers) at each evaluation step, and the DiLoCo bytes each peer sent
+(wire payload, all rounds). DiLoCo's accuracy is its outer parameters' (theta_start), as the
+nodes score it: the live model between outer steps is one peer's local run, and an evaluation
+step that is not a multiple of H would score that instead (2-6 points lower on nodes.wide at H
+25). With overlap, the outer parameters at an evaluation hold the rounds that have landed.
 """
 
 from __future__ import annotations
@@ -87,19 +90,24 @@ def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_n
         opts.append(task.make_optimizer(model.parameters()))
         batches.append(task.train_batches(Shard(i, peers), zlib.crc32(f"{seed}:{name}".encode())))
     if variant not in ("ddp", "compute_only"):
-        codec, h, lr, mom, *dense = variant.split(":")
+        codec, h, lr, mom, *extra = variant.split(":")
+        extra = {e[:2] if e.startswith("wf") else e[:1]: e[2:] if e.startswith("wf") else e[1:] for e in extra}
         codec, _, fraction = codec.partition("@")  # sparseloco@0.1: 10% of each chunk (--topk-fraction)
         config = AveragingConfig(compression=codec, round_timeout_s=3600.0,
                                  compression_topk_fraction=float(fraction) if fraction else None)
         h, _, warmup = h.partition("w")  # 25w300: H 25 after a warm-up of 300 steps at H 10
-        # d4: the first 4 rounds int4, dense (--diloco-dense-rounds 4)
+        # d4: the first 4 rounds int4, dense (--diloco-dense-rounds 4); wf0.1: the warm-up's
+        # density; o3: overlap, shares 3 steps on the way
         options = DiLoCoConfig(inner_steps=int(h), outer_lr=float(lr), outer_momentum=float(mom),
                                warmup_steps=int(warmup) if warmup else 0,
-                               dense_rounds=int(dense[0][1:]) if dense else 0)
+                               dense_rounds=int(extra.get("d", 0)), overlap="o" in extra,
+                               warmup_topk_fraction=float(extra["wf"]) if "wf" in extra else None)
+        delay = int(extra.get("o", 0))
         for flat in flats:
             ports.append(_Port(flat, f"{task_name}/{flat.numel}"))
             algs.append(DiLoCo(config, ports[-1], random.Random(seed), 0.0, options))
     sent = 0
+    in_flight: list = []  # (the step it arrives after, from, to, message), in that order
     acc: dict[int, float] = {}
     t0 = time.time()
     for k in range(1, steps + 1):
@@ -118,15 +126,18 @@ def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_n
             now = float(k)
             for p in ports:
                 p.step = k
-            outbox = [(src, alg.after_step(k, now, [n for n in names if n != src])) for src, alg in zip(names, algs)]
-            for src, sends in outbox:
-                for s in sends:
+            for src, alg in zip(names, algs):
+                for s in alg.after_step(k, now, [n for n in names if n != src]):
                     frames = encode(s.msg, src)
                     sent += sum(memoryview(f).nbytes for f in frames[1:])
-                    _, msg = decode(frames)
-                    j = names.index(s.to)
-                    algs[j].receive(src, msg, now, [n for n in names if n != s.to])
-            if not all(alg.may_step(k + 1, now) for alg in algs):
+                    in_flight.append((k + delay, src, s.to, decode(frames)[1]))
+            # the shares due by now arrive; a gate that waits (overlap: a round a period behind)
+            # takes the rest, as a trainer waiting for them would
+            gated = [alg for alg in algs if alg.gate_wanted(k + 1)]
+            while in_flight and (in_flight[0][0] <= k or not all(alg.may_step(k + 1, now) for alg in gated)):
+                _, src, to, msg = in_flight.pop(0)
+                algs[names.index(to)].receive(src, msg, now, [n for n in names if n != to])
+            if not all(alg.may_step(k + 1, now) for alg in gated):
                 raise RuntimeError(f"step {k}: an outer round did not finish with every share in")
         if k in eval_at:
             for f in flats:
@@ -147,6 +158,13 @@ def _fraction(text: str) -> bool:
         return 0 < float(text) <= 1
     except ValueError:
         return False
+
+
+def _extra(field: str) -> bool:
+    """A variant's optional field: dROUNDS, wfFRACTION or oSTEPS."""
+    if field.startswith("wf"):
+        return _fraction(field[2:])
+    return field[:1] in ("d", "o") and field[1:].isdigit()
 
 
 def main(argv=None) -> int:
@@ -171,13 +189,12 @@ def main(argv=None) -> int:
         parts = v.split(":")
         codec, at, fraction = parts[0].partition("@")
         h, w, warmup = parts[1].partition("w") if len(parts) > 1 else ("", "", "")
-        if v not in ("ddp", "compute_only") and (len(parts) not in (4, 5) or codec not in DILOCO_CODECS
+        if v not in ("ddp", "compute_only") and (len(parts) < 4 or codec not in DILOCO_CODECS
                                                   or (at and not _fraction(fraction))
                                                   or not h.isdigit() or (w and not warmup.isdigit())
-                                                  or (len(parts) == 5 and not (parts[4][:1] == "d"
-                                                                               and parts[4][1:].isdigit()))):
+                                                  or not all(_extra(e) for e in parts[4:])):
             ap.error(f"--variants: {v!r} is not ddp, compute_only or "
-                     "CODEC[@FRACTION]:H[wWARMUP]:OUTER_LR:OUTER_MOMENTUM[:dROUNDS]")
+                     "CODEC[@FRACTION]:H[wWARMUP]:OUTER_LR:OUTER_MOMENTUM[:dROUNDS][:wfFRACTION][:oSTEPS]")
 
     def one(v: str) -> dict:
         cmd = [sys.executable, os.path.abspath(__file__), "--one", v, "--steps", str(args.steps),
