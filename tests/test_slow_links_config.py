@@ -42,12 +42,18 @@ def test_the_int4_file_holds_the_settings_the_readme_names_and_a_node_trains_wit
     assert last["exchanges_completed"] == 1, last  # its one outer step, at step 25
 
 
+# the file as it is, and with the README's override for peers that share a machine's cores:
+# blocking rounds, the warm-up's at 10% density
+SHARED_CORES = ["--no-diloco-overlap", "--diloco-warmup-topk-fraction", "0.1"]
+
+
 @pytest.mark.integration
-def test_peers_started_with_the_slow_links_file_average_on_the_warm_up_steps_and_end_with_one_model(tmp_path):
+@pytest.mark.parametrize("override", [[], SHARED_CORES], ids=["file", "shared-cores"])
+def test_peers_started_with_the_slow_links_file_average_on_the_warm_up_steps_and_end_with_one_model(tmp_path, override):
     # 40 warm-up steps at H 10, then H 25: boundaries 10, 20, 30, 40, 65, 90, 115 (the last step, so
     # the final models are the outer parameters: with overlap the last round lands before exit)
     steps = 115
-    args = ["--config", str(CONFIG), "--diloco-warmup-steps", "40", "--task", "synthetic", "--membership", "local",
+    args = ["--config", str(CONFIG), *override, "--diloco-warmup-steps", "40", "--task", "synthetic", "--membership", "local",
             "--steps", str(steps), "--linger", "-1", "--log-every", "0", "--eval-every", "1", "--round-timeout", "15",
             "--join-timeout", "60", "--min-members", "3"]
     final, params, codes = train_to_lingering(tmp_path, args, 3, what="slow-links peers to finish")
@@ -59,6 +65,8 @@ def test_peers_started_with_the_slow_links_file_average_on_the_warm_up_steps_and
         # every boundary's round, on every peer: a peer that went on past a late round (a gate
         # passed, its boundary skipped) answered it after its last step (diloco.py, "Overlap")
         assert avg["outer_steps"] == 7 and avg["boundaries_skipped"] <= avg["gates_passed"], avg
+        if override:  # blocking rounds: the trainer never goes on without one
+            assert avg["gates_passed"] == 0 and avg["boundaries_skipped"] == 0, avg
     # every peer took the same outer steps: after the last one the models are theta_start, one copy
     scale = float(np.linalg.norm(np.mean(params, axis=0)))
     assert consensus_distance(params) < 1e-5 * scale
