@@ -37,6 +37,7 @@ import sys
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -90,8 +91,8 @@ def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_n
         opts.append(task.make_optimizer(model.parameters()))
         batches.append(task.train_batches(Shard(i, peers), zlib.crc32(f"{seed}:{name}".encode())))
     if variant not in ("ddp", "compute_only"):
-        codec, h, lr, mom, *extra = variant.split(":")
-        extra = {e[:2] if e.startswith("wf") else e[:1]: e[2:] if e.startswith("wf") else e[1:] for e in extra}
+        codec, h, lr, mom, *fields = variant.split(":")
+        extra = dict(_extra(f) for f in fields)
         codec, _, fraction = codec.partition("@")  # sparseloco@0.1: 10% of each chunk (--topk-fraction)
         config = AveragingConfig(compression=codec, round_timeout_s=3600.0,
                                  compression_topk_fraction=float(fraction) if fraction else None)
@@ -160,11 +161,14 @@ def _fraction(text: str) -> bool:
         return False
 
 
-def _extra(field: str) -> bool:
-    """A variant's optional field: dROUNDS, wfFRACTION or oSTEPS."""
-    if field.startswith("wf"):
-        return _fraction(field[2:])
-    return field[:1] in ("d", "o") and field[1:].isdigit()
+def _extra(field: str) -> Optional[tuple[str, str]]:
+    """A variant's optional field, dROUNDS, wfFRACTION or oSTEPS, as (its letters, its value);
+    None if it is none of them."""
+    name = "wf" if field.startswith("wf") else field[:1]
+    value = field[len(name):]
+    if (name == "wf" and _fraction(value)) or (name in ("d", "o") and value.isdigit()):
+        return name, value
+    return None
 
 
 def main(argv=None) -> int:

@@ -103,12 +103,15 @@ def test_theta_start_stays_home_while_the_copies_agree(codec):
 
 
 def drift_rounds(peers, drifts, rounds):
-    """Outer rounds in which peer i's inner steps move it by drifts[i] (whatever its model)."""
+    """Outer rounds in which peer i's inner steps move it by drifts[i] (whatever its model);
+    each round's sends (outer_round's)."""
+    sent = []
     for k in range(rounds):
         for (port, _), d in zip(peers, drifts):
             port.x -= d
             port.step += 1
-        outer_round(peers, float(k))
+        sent.append(outer_round(peers, float(k)))
+    return sent
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -144,13 +147,8 @@ def test_sparseloco_sends_its_first_rounds_as_dense_int4_and_a_peer_counting_oth
     drifts = [rng.standard_normal(N).astype(np.float32) * 0.01 for _ in range(3)]
     peers = [make(np.zeros(N), DiLoCoConfig(inner_steps=1, dense_rounds=4), compression="sparseloco") for _ in range(2)]
     peers.append(make(np.zeros(N), DiLoCoConfig(inner_steps=1), compression="sparseloco"))
-    codecs = []  # per round: the codec of each peer's shares
-    for k in range(6):
-        for (port, _), d in zip(peers, drifts):
-            port.x -= d
-            port.step += 1
-        sends = outer_round(peers, float(k))
-        codecs.append([{s.msg.codec for s in sends[f"p{i}"]} for i in range(3)])
+    # per round: the codec of each peer's shares
+    codecs = [[{s.msg.codec for s in sends[f"p{i}"]} for i in range(3)] for sends in drift_rounds(peers, drifts, 6)]
     assert codecs[:4] == [[{"int4"}, {"int4"}, {"sparseloco"}]] * 4
     assert codecs[4:] == [[{"sparseloco"}] * 3] * 2
     for _, alg in peers[1:]:  # one copy, up to the rounding of sums taken in another order
@@ -176,13 +174,8 @@ def test_the_warm_up_s_rounds_keep_their_own_density_and_later_rounds_the_codec_
     warm = DiLoCoConfig(inner_steps=1, warmup_steps=3, warmup_inner_steps=1, warmup_topk_fraction=0.1)
     peers = [make(np.zeros(N), warm, compression="sparseloco", compression_block=500) for _ in range(2)]
     peers.append(make(np.zeros(N), DiLoCoConfig(inner_steps=1), compression="sparseloco", compression_block=500))
-    kept = []  # per round: the k of each peer's shares
-    for k in range(5):
-        for (port, _), d in zip(peers, drifts):
-            port.x -= d
-            port.step += 1
-        sends = outer_round(peers, float(k))
-        kept.append([{s.msg.meta[1] for s in sends[f"p{i}"]} for i in range(3)])
+    # per round: the k of each peer's shares
+    kept = [[{s.msg.meta[1] for s in sends[f"p{i}"]} for i in range(3)] for sends in drift_rounds(peers, drifts, 5)]
     assert kept[:3] == [[{50}, {50}, {10}]] * 3  # steps 1-3: the warm-up's, ceil(0.1 * 500)
     assert kept[3:] == [[{10}] * 3] * 2
     for _, alg in peers[1:]:

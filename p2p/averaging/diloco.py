@@ -187,7 +187,7 @@ from p2p.averaging.outer_gate import TrainerGate
 from p2p.averaging.outer_repair import propagate
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
                                state_array, state_int)
-from p2p.averaging.outer_codec import pack, received_delta
+from p2p.averaging.outer_codec import pack, received_delta, warm_up_compressor
 from p2p.averaging.outer_dense import DenseRounds
 from p2p.averaging.outer_finals import FinalSketches, OuterDone
 from p2p.averaging.robust import RobustMixing
@@ -343,13 +343,7 @@ class DiLoCo(AsynchronousHooks):
         self.port = port
         self._compressor = None if config.compression == "none" else compressor_from_config(config)
         self._dense = DenseRounds(self.options.dense_rounds, feedback)  # the first rounds' codec (outer_dense.py)
-        self._warm_compressor = None  # the warm-up's rounds' (module docstring, "Warm-up")
-        if self.options.warmup_topk_fraction is not None:
-            if config.compression != "sparseloco":
-                raise LocalProtocolError(f"diloco's warmup_topk_fraction is sparseloco's density in the warm-up; "
-                                         f"compression is {config.compression!r}")
-            self._warm_compressor = compressor_from_config(
-                replace(config, compression_topk_fraction=self.options.warmup_topk_fraction))
+        self._warm_compressor = warm_up_compressor(config, self.options.warmup_topk_fraction)  # "Warm-up"
         self.outer_at_step = port.step  # the inner steps the outer parameters hold (p2p.Swarm.evaluation_step)
         self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0,
                                       "rounds_realigned": 0, "dense_rounds": 0, "gates_passed": 0}
