@@ -127,7 +127,7 @@ def counters(s):
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["blocking", "overlap"])
-def test_a_peer_cut_for_two_rounds_is_caught_up_within_three_and_the_rounds_shrink_back(lab, tmp_path, overlap):
+def test_a_peer_cut_for_two_rounds_is_caught_up_within_four_and_the_rounds_shrink_back(lab, tmp_path, overlap):
     cut = PEERS - 1
     h = inner_steps()
     print("H", h, flush=True)
@@ -157,14 +157,17 @@ def test_a_peer_cut_for_two_rounds_is_caught_up_within_three_and_the_rounds_shri
         k0 = wait_until(lambda: swarm.status(0, timeout_s=5), 30, what="peer 0's status")["averaging"]["outer_steps"]
         print("restored at peer 0's outer step", k0, flush=True)
 
-        # Within 3 rounds of the restore: the cut peer caught up by the rounds' shares (a range
+        # Within 4 rounds of the restore: the cut peer caught up by the rounds' shares (a range
         # catch-up: the cut's ~4 rounds of ~92 KB per sender), never by pulling theta_start; a
         # round still in flight during the first catch-up may take a second, smaller one (seen
         # at load 3: 822 KB then 548 KB), and a cut in the middle of a round can split the others
         # too (they mend that by a replay or a catch-up). None is a pull.
+        # 4, not 3: a donor serves a round only once its next round confirmed it (outer_catchup.py,
+        # "Only confirmed rounds are served"), a round later than before; alone the catch-up
+        # landed by the third in 3 of 3 runs, but under the full suite's load once not (stop 41).
         # With overlap one round more: a catch-up lands at an outer step, and there a round is in
-        # flight beside the next period (1 of 5 runs needed the fourth).
-        c = at_round(swarm, k0 + 3 + overlap, "three rounds after the restore")
+        # flight beside the next period (1 of 5 runs needed the fourth, before the rule above).
+        c = at_round(swarm, k0 + 4 + overlap, "four rounds after the restore")
         back, was = c[cut]["averaging"], b[cut]["averaging"]
         # Blocking rounds never let a trainer past a gate. With overlap, whether the others pass
         # one is timing, not checked here: they do where the cut peer holds their round past
@@ -177,7 +180,7 @@ def test_a_peer_cut_for_two_rounds_is_caught_up_within_three_and_the_rounds_shri
         # donor had served a round its copy replayed a round later. A donor now serves a round
         # once the next one confirmed it: outer_catchup.py, "Only confirmed rounds are served".)
         assert back["catch_ups_completed"] > was["catch_ups_completed"], (counters(b), counters(c))
-        # From then on (rounds 4-6 after the restore) the rounds carry the codec's bytes, nothing
+        # From then on (the next three rounds) the rounds carry the codec's bytes, nothing
         # pulled, nothing left in flight.
         d = at_round(swarm, c[0]["averaging"]["outer_steps"] + 3, "three more rounds")
         rounds = d[0]["averaging"]["outer_steps"] - c[0]["averaging"]["outer_steps"]
