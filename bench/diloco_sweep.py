@@ -18,7 +18,8 @@ as ``--topk-fraction 0.1``; H ``25w300``: H 25 after a warm-up of 300 steps at H
 ``--diloco-warmup-steps 300``; optional further fields: ``d4``, the swarm's first 4 rounds int4,
 as ``--diloco-dense-rounds 4``; ``wf0.1``, the warm-up's rounds at 10% of each chunk, as
 ``--diloco-warmup-topk-fraction 0.1``; ``o3``, overlap (``--diloco-overlap``) with every share
-arriving 3 inner steps after it was sent, or at the gate that waits for it). Prints one row per
+arriving 3 inner steps after it was sent, or at the gate that waits for it; with ``t2`` too,
+bounded overlap, the gate 2 steps past the boundary, as ``--diloco-overlap-steps 2``). Prints one row per
 variant: accuracy (mean over peers) at each evaluation step, and the DiLoCo bytes each peer sent
 (wire payload, all rounds). DiLoCo's accuracy is its outer parameters' (theta_start), as the
 nodes score it: the live model between outer steps is one peer's local run, and an evaluation
@@ -98,11 +99,12 @@ def run_variant(variant: str, steps: int, eval_at: list[int], peers: int, task_n
                                  compression_topk_fraction=float(fraction) if fraction else None)
         h, _, warmup = h.partition("w")  # 25w300: H 25 after a warm-up of 300 steps at H 10
         # d4: the first 4 rounds int4, dense (--diloco-dense-rounds 4); wf0.1: the warm-up's
-        # density; o3: overlap, shares 3 steps on the way
+        # density; o3: overlap, shares 3 steps on the way; t2: its gate 2 steps past the boundary
         options = DiLoCoConfig(inner_steps=int(h), outer_lr=float(lr), outer_momentum=float(mom),
                                warmup_steps=int(warmup) if warmup else 0,
                                dense_rounds=int(extra.get("d", 0)), overlap="o" in extra,
-                               warmup_topk_fraction=float(extra["wf"]) if "wf" in extra else None)
+                               warmup_topk_fraction=float(extra["wf"]) if "wf" in extra else None,
+                               overlap_steps=int(extra["t"]) if "t" in extra else None)
         delay = int(extra.get("o", 0))
         for flat in flats:
             ports.append(_Port(flat, f"{task_name}/{flat.numel}"))
@@ -162,11 +164,11 @@ def _fraction(text: str) -> bool:
 
 
 def _extra(field: str) -> Optional[tuple[str, str]]:
-    """A variant's optional field, dROUNDS, wfFRACTION or oSTEPS, as (its letters, its value);
+    """A variant's optional field, dROUNDS, wfFRACTION, oSTEPS or tSTEPS, as (its letters, its value);
     None if it is none of them."""
     name = "wf" if field.startswith("wf") else field[:1]
     value = field[len(name):]
-    if (name == "wf" and _fraction(value)) or (name in ("d", "o") and value.isdigit()):
+    if (name == "wf" and _fraction(value)) or (name in ("d", "o", "t") and value.isdigit()):
         return name, value
     return None
 
@@ -196,9 +198,11 @@ def main(argv=None) -> int:
         if v not in ("ddp", "compute_only") and (len(parts) < 4 or codec not in DILOCO_CODECS
                                                   or (at and not _fraction(fraction))
                                                   or not h.isdigit() or (w and not warmup.isdigit())
-                                                  or not all(_extra(e) for e in parts[4:])):
+                                                  or not all(_extra(e) for e in parts[4:])
+                                                  or (any(e[:1] == "t" for e in parts[4:])
+                                                      and not any(e[:1] == "o" for e in parts[4:]))):
             ap.error(f"--variants: {v!r} is not ddp, compute_only or "
-                     "CODEC[@FRACTION]:H[wWARMUP]:OUTER_LR:OUTER_MOMENTUM[:dROUNDS][:wfFRACTION][:oSTEPS]")
+                     "CODEC[@FRACTION]:H[wWARMUP]:OUTER_LR:OUTER_MOMENTUM[:dROUNDS][:wfFRACTION][:oSTEPS[:tSTEPS]]")
 
     def one(v: str) -> dict:
         cmd = [sys.executable, os.path.abspath(__file__), "--one", v, "--steps", str(args.steps),

@@ -176,6 +176,19 @@ P2P_CONFIGS: dict[str, list[str]] = {
                                              "--diloco-warmup-topk-fraction", "0.1"],
     # the same with the round beside the next inner steps (examples/slow-links.toml's overlap):
     # its 10% rounds land later, and at 20 Mbit/s it was later to 0.80 than 2% (stop 41)
+    "p2p-diloco-sparse-h25-overlap2-warm10": ["--algorithm", "diloco", "--compression", "sparseloco",
+                                              "--diloco-inner-steps", "25", "--diloco-outer-lr", "1.0",
+                                              "--diloco-outer-momentum", "0", "--diloco-overlap",
+                                              "--diloco-overlap-steps", "2", "--diloco-warmup-steps", "300",
+                                              "--diloco-warmup-inner-steps", "10", "--diloco-warmup-topk-fraction", "0.1"],
+    # the same with bounded overlap (diloco.py, "Bounded overlap"): the trainer goes 2 steps beside
+    # the round, then waits for it; an outer step at most 2 steps late
+    "p2p-diloco-sparse-h25-overlap2-warm": ["--algorithm", "diloco", "--compression", "sparseloco",
+                                            "--diloco-inner-steps", "25", "--diloco-outer-lr", "1.0",
+                                            "--diloco-outer-momentum", "0", "--diloco-overlap",
+                                            "--diloco-overlap-steps", "2", "--diloco-warmup-steps", "300",
+                                            "--diloco-warmup-inner-steps", "10"],
+    # the same at 2% in the warm-up too
     "p2p-diloco-sparse-h10": ["--algorithm", "diloco", "--compression", "sparseloco", "--diloco-inner-steps", "10",
                               "--diloco-outer-lr", "1.0", "--diloco-outer-momentum", "0"],
     # the same at H=10: bench/diloco_sweep.py had it at DDP's accuracy from 240 steps on, where H=25

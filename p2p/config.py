@@ -268,6 +268,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "DiLoCo: gossip rounds per outer step (1 is exact on the full graph)."),
     Setting("diloco_overlap", "diloco", "overlap", _flag,
             "DiLoCo: run the outer round beside the next inner steps, its update one round late (Streaming DiLoCo; experimental, off by default; one gossip round)."),
+    Setting("diloco_overlap_steps", "diloco", "overlap_steps", lambda v: _number(v, low=1, low_ok=True, integer=True),
+            "DiLoCo with --diloco-overlap: wait for the round in flight after this many steps past its boundary, not a whole period (Streaming DiLoCo's tau; default: H)."),
     Setting("diloco_dense_rounds", "diloco", "dense_rounds", lambda v: _number(v, low_ok=True, integer=True),
             "DiLoCo with sparseloco: the swarm's first outer rounds send int4 instead, dense, while the link carries them (default 0; 4 pays on links of 100 Mbit/s and more): 2% of the large early Deltas leaves the model behind."),
     Setting("diloco_warmup_steps", "diloco", "warmup_steps", lambda v: _number(v, low_ok=True, integer=True),

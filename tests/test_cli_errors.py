@@ -75,6 +75,10 @@ BAD_FLAGS = [
       "--diloco-warmup-topk-fraction", "0.1"], "--diloco-warmup-topk-fraction: warmup_topk_fraction needs warmup_steps"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--compression", "int4", "--diloco-warmup-steps", "300",
       "--diloco-warmup-topk-fraction", "0.1"], "--diloco-warmup-topk-fraction: needs --compression sparseloco"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--diloco-overlap-steps", "2"],
+     "--diloco-overlap-steps: overlap_steps needs overlap"),
+    (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--diloco-overlap", "--diloco-overlap-steps", "0"],
+     "--diloco-overlap-steps: must be >= 1"),
     (["--listen", "127.0.0.1:7000", "--algorithm", "diloco", "--topology", "ring", "--diloco-reduce-scatter"],
      "--diloco-reduce-scatter: needs --topology full"),
 ]

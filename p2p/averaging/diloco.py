@@ -59,6 +59,15 @@ Only with one gossip round per outer step (``full``, the slow-link configuration
 rounds on a sparse graph mix theta_start itself, and with the peers no longer held at the same
 boundary the simulator saw their rounds fall out of step (partial rounds, jumps) and the copies
 drift apart, so there the trainer waits as without overlap.
+Bounded overlap (``overlap_steps`` tau): the trainer waits before the (tau + 1)-th step after the
+boundary instead, if the round is still in flight: Streaming DiLoCo's overlap of tau inner steps
+(Sec. 2.2; tau 1-5 there), between the blocking rounds (tau 0) and a whole period. The round's
+latency up to tau steps costs the trainer nothing, and the outer step is never more than tau
+steps late. Why: on shared cores (4 peers on 2) rounds land late from CPU and skew alone, and
+steps taken beside a late round start from a model without its outer step
+(bench/diloco_sweep.py, stop 41: shares 8 steps late at H 10 left the outer parameters at 0.731
+at step 150, against 0.813 blocking), while blocking rounds make the trainer wait the whole
+round: at 20 Mbit/s +8% to +17% per step over compute-only in the lab.
 Off by default because in the simulator (8 peers, 150 steps, 2 joins and 2 crashes, seeds 0-9:
 ``p2p.sim.avg_sim.run("diloco", "full", ..., churn=Churn(joins=2, crashes=2))``) the optimality
 gap it ends with is 2.3x the blocking rounds' (mean 0.045 against 0.020 of the initial gap; two
@@ -218,6 +227,9 @@ class DiLoCoConfig:
     outer_momentum: float | None = None  # outer Nesterov momentum
     gossip_rounds: int = 1  # neighbour-averaging rounds of the pseudo-gradient per outer step (1 is exact on "full")
     overlap: bool = False  # the outer round runs beside the next H inner steps (module docstring, "Overlap"; gossip_rounds 1)
+    # with overlap, the trainer waits for the round in flight before this many steps past its
+    # boundary are taken, not at the period's end (module docstring, "Bounded overlap"); None: H
+    overlap_steps: int | None = None
     reduce_scatter: bool = False  # the outer round as reduce-scatter + all-gather (outer_scatter.py; gossip_rounds 1)
     # With sparseloco: the swarm's first outer rounds (round numbers below this) send int4,
     # dense (outer_dense.py; 4 on links of 100 Mbit/s and more)
@@ -253,6 +265,12 @@ class DiLoCoConfig:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.warmup_steps and h == "auto":
             raise ValueError("warmup_steps needs a fixed inner_steps: auto already begins at the smallest H (4) and grows")
+        tau = self.overlap_steps
+        if tau is not None:
+            if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
+                raise ValueError(f"overlap_steps must be an integer >= 1, got {tau!r}")
+            if not self.overlap:
+                raise ValueError("overlap_steps needs overlap (it bounds how far the trainer goes beside a round)")
         f = self.warmup_topk_fraction
         if f is not None:
             if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
@@ -814,7 +832,10 @@ class DiLoCo(AsynchronousHooks):
         if step == 2 and self._dense.active:  # the first step's end: the first period's pace (outer_dense.py)
             return True
         if self._overlap:  # the step that closes the next period (module docstring, "Overlap")
-            return h.is_boundary(step) and step > h.first_boundary
+            if h.is_boundary(step) and step > h.first_boundary:
+                return True
+            tau = self.options.overlap_steps  # or tau steps past the boundary ("Bounded overlap")
+            return tau is not None and step - 1 - tau > 0 and h.boundary_candidate(step - 1 - tau)
         # right after an outer boundary (H changes only when the round ends: then no gate is due)
         return step > 1 and h.is_boundary(step - 1)
 

@@ -73,6 +73,7 @@ def start(
     diloco_outer_momentum: Optional[float] = _opt("diloco_outer_momentum"),
     diloco_gossip_rounds: Optional[int] = _opt("diloco_gossip_rounds"),
     diloco_overlap: Optional[bool] = _opt("diloco_overlap", None, "--diloco-overlap/--no-diloco-overlap"),
+    diloco_overlap_steps: Optional[int] = _opt("diloco_overlap_steps"),
     diloco_dense_rounds: Optional[int] = _opt("diloco_dense_rounds"),
     diloco_warmup_steps: Optional[int] = _opt("diloco_warmup_steps"),
     diloco_warmup_inner_steps: Optional[int] = _opt("diloco_warmup_inner_steps"),
