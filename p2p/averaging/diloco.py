@@ -61,13 +61,15 @@ boundary the simulator saw their rounds fall out of step (partial rounds, jumps)
 drift apart, so there the trainer waits as without overlap.
 Bounded overlap (``overlap_steps`` tau): the trainer waits before the (tau + 1)-th step after the
 boundary instead, if the round is still in flight: Streaming DiLoCo's overlap of tau inner steps
-(Sec. 2.2; tau 1-5 there), between the blocking rounds (tau 0) and a whole period. The round's
+(Sec. 2.2), between the blocking rounds (tau 0) and a whole period. The round's
 latency up to tau steps costs the trainer nothing, and the outer step is never more than tau
 steps late. Why: on shared cores (4 peers on 2) rounds land late from CPU and skew alone, and
 steps taken beside a late round start from a model without its outer step
 (bench/diloco_sweep.py, stop 41: shares 8 steps late at H 10 left the outer parameters at 0.731
 at step 150, against 0.813 blocking), while blocking rounds make the trainer wait the whole
-round: at 20 Mbit/s +8% to +17% per step over compute-only in the lab.
+round: at 20 Mbit/s +8% to +17% per step over compute-only in the lab. Measured there (stop 42,
+README): with 2% shares, tau 2 reached 0.80 before the blocking rounds in 6 of 7 1200-step runs;
+with the warm-up's 10% shares (~3 steps on a 20 Mbit/s link, more than 2 hide) it did not.
 Off by default because in the simulator (8 peers, 150 steps, 2 joins and 2 crashes, seeds 0-9:
 ``p2p.sim.avg_sim.run("diloco", "full", ..., churn=Churn(joins=2, crashes=2))``) the optimality
 gap it ends with is 2.3x the blocking rounds' (mean 0.045 against 0.020 of the initial gap; two
