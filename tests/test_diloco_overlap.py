@@ -152,6 +152,6 @@ def test_bounded_overlap_waits_for_the_round_tau_steps_late_and_keeps_the_steps_
         algs[names.index(s.to)].receive(src, s.msg, 8.0, [src])
     assert all(alg.may_step(8, 8.0) for alg in algs)
     new_start = start - np.mean([start - x for x in at_boundary], axis=0)
-    for port, x5, mine in zip(peers, at_boundary, moves):
+    for port, mine in zip(peers, moves):
         since = -(mine[5] + mine[6])  # steps 6 and 7
         np.testing.assert_allclose(port.x, new_start + since, rtol=0, atol=1e-5)
