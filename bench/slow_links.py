@@ -168,7 +168,8 @@ P2P_CONFIGS: dict[str, list[str]] = {
                                      "--diloco-warmup-steps", "300", "--diloco-warmup-inner-steps", "10",
                                      "--diloco-warmup-topk-fraction", "0.1"],
     # 10% in the warm-up's rounds only, 2% after: its steps saved, not the later rounds' cost;
-    # to 0.80 in 1.10x / 1.16x the ideal bound at 100 / 20 Mbit/s (medians of 5, README, stop 41)
+    # to 0.80 in 1.10x / 1.16x the ideal bound at 100 / 20 Mbit/s (medians of 5, README, stop 41);
+    # from stop 43 only while the link carries them (p2p/averaging/outer_warm.py)
     "p2p-diloco-sparse-h25-overlap-warm10": ["--algorithm", "diloco", "--compression", "sparseloco",
                                              "--diloco-inner-steps", "25", "--diloco-outer-lr", "1.0",
                                              "--diloco-outer-momentum", "0", "--diloco-overlap",

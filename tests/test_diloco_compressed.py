@@ -10,7 +10,7 @@ from p2p.averaging.diloco import DiLoCo, DiLoCoConfig, OuterDone, OuterShare, Ou
 from p2p.averaging.outer_copies import SKETCH_SIZE, sketch_positions, sketches_differ
 from p2p.averaging.registry import check_combination
 from p2p.averaging.rounds import NeighbourRounds
-from p2p.cli.status_view import dense_line
+from p2p.cli.status_view import dense_line, warm_line
 from p2p.compression import decompress, make_compressor
 from p2p.compression.messages import compressed_fields
 from p2p.ops.metrics import SwarmCollector
@@ -193,14 +193,14 @@ def test_a_warm_up_density_is_refused_without_a_warm_up_or_outside_0_1():
             DiLoCoConfig(warmup_steps=10, warmup_topk_fraction=bad)
 
 
-def timed_rounds(waits, step_s=0.5):
-    """Two sparseloco peers, H 2, as the trainer drives them: every inner step takes ``step_s``,
-    the gates come where the algorithm wants them, and at each boundary the trainer waits at
-    the gate until every share is in, ``waits[r]`` after round r began. The codecs each round
-    carried."""
+def timed_rounds(waits, step_s=0.5, options=DiLoCoConfig(inner_steps=2, dense_rounds=4),
+                 label=lambda msg: msg.codec):
+    """Two sparseloco peers (H 2 by default) as the trainer drives them: every inner step takes
+    ``step_s``, the gates come where the algorithm wants them, and at each boundary the trainer
+    waits at the gate until every share is in, ``waits[r]`` after round r began. What each
+    round carried (``label`` of every share: its codec)."""
     rng = np.random.default_rng(5)
-    peers = [make(np.zeros(N), DiLoCoConfig(inner_steps=2, dense_rounds=4), compression="sparseloco")
-             for _ in range(2)]
+    peers = [make(np.zeros(N), options, compression="sparseloco", compression_block=500) for _ in range(2)]
     names, now, codecs, k = ["p0", "p1"], 0.0, [], 0
     while len(codecs) < len(waits):
         k, now = k + 1, now + step_s
@@ -213,7 +213,7 @@ def timed_rounds(waits, step_s=0.5):
                 assert alg.may_step(k + 1, now) == (not sends[name])  # the trainer waits after a boundary
         if not any(sends.values()):
             continue
-        codecs.append({s.msg.codec for out in sends.values() for s in out})
+        codecs.append({label(s.msg) for out in sends.values() for s in out})
         now += waits[len(codecs) - 1]
         for name, (port, alg) in zip(names, peers):
             for src, out in sends.items():
@@ -294,6 +294,42 @@ def test_dense_rounds_stop_once_one_takes_longer_than_the_compute_it_saves():
     # a later one: measured against H x the seconds per inner step, the gate's wait left out
     codecs, _ = timed_rounds([0.3, 0.3, 1.5, 0.3])
     assert codecs == [{"int4"}] * 3 + [{"sparseloco"}]
+
+
+def warm_rounds(waits):
+    """timed_rounds with a warm-up: H 2 for 12 steps at 10% (k 50 of 500), then H 4 at 2% (10):
+    the k each round's shares kept."""
+    options = DiLoCoConfig(inner_steps=4, warmup_steps=12, warmup_inner_steps=2, warmup_topk_fraction=0.1)
+    return timed_rounds(waits, options=options, label=lambda msg: msg.meta[1])
+
+
+def test_the_warm_up_s_denser_rounds_go_on_while_the_trainer_s_wait_stays_within_a_third_of_the_compute():
+    # the warm-up's rounds (boundaries 2, 4, ..., 12) keep 10%; a wait of 0.3 s is 0.3 of the
+    # period's 1 s of compute; one slow round among them is not a slow link
+    for waits in ([0.3] * 8, [0.3, 0.3, 0.9, 0.3, 0.3, 0.3, 0.3, 0.3]):
+        kept, peers = warm_rounds(waits)
+        assert kept == [{50}] * 6 + [{10}] * 2
+        assert all(alg.stats["warmup_dense_rounds"] == 6 and not alg.stats["warmup_dense_stopped"]
+                   for _, alg in peers)
+
+
+def test_the_warm_up_s_denser_rounds_stop_once_the_median_wait_passes_a_third_of_the_compute():
+    # 0.5 s of 1 s: the first round is not judged (no period measured yet), rounds 2-4 are, and
+    # from round 5 the warm-up goes on at the codec's 2%, for good (a faster link later does
+    # not bring 10% back)
+    kept, peers = warm_rounds([0.5] * 4 + [0.1] * 4)
+    assert kept == [{50}] * 4 + [{10}] * 4
+    assert all(alg.stats["warmup_dense_rounds"] == 4 and alg.stats["warmup_dense_stopped"] for _, alg in peers)
+    # judged on the median of the last three: two slow rounds among fast ones stop it too
+    kept, _ = warm_rounds([0.3, 0.3, 0.5, 0.3, 0.5, 0.3, 0.3, 0.3])
+    assert kept == [{50}] * 5 + [{10}] * 3
+    info = {"step": 12, "averaging": dict(peers[0][1].stats)}
+    assert warm_line(info) == ("diloco warm-up rounds: 4 sent at --diloco-warmup-topk-fraction's density; "
+                               "stopped: the trainer waited more than a third of the period's compute for them")
+    assert warm_line({"averaging": {"warmup_dense_rounds": 0}}) == "" and warm_line({}) == ""
+    sent = [s.value for m in SwarmCollector(lambda: info).collect() if m.name == "p2p_diloco_warmup_dense_rounds"
+            for s in m.samples]
+    assert sent == [4]
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "4", None])

@@ -129,7 +129,9 @@ puts them on the same steps and rounds stay one boundary each. With sparseloco t
 rounds may keep a larger share of each chunk (``warmup_topk_fraction``): 2% of the large, spread
 early Deltas leaves the outer parameters behind, where 10% reached 0.80 on nodes.wide in ~110
 steps against 2%'s ~147 and DDP's ~121 (bench/diloco_sweep.py, stop 40); after the warm-up the
-rounds go back to the codec's own density, whose few bytes and CPU the long run is made of.
+rounds go back to the codec's own density, whose few bytes and CPU the long run is made of. A
+peer sends the denser rounds only while the link carries them (outer_warm.py: while its waits
+for them stay within a third of the period's compute; at 20 Mbit/s they do not).
 
 theta_start never travels in the rounds on ``full`` (``gossip_rounds`` = 1). Every share carries
 a sketch of the sender's theta_start (a few hundred entries at fixed positions). Peers that mixed
@@ -198,9 +200,10 @@ from p2p.averaging.outer_gate import TrainerGate
 from p2p.averaging.outer_repair import propagate
 from p2p.averaging.base import (AsynchronousHooks, AveragingConfig, Disagreement, ModelPort, check_params,
                                state_array, state_int)
-from p2p.averaging.outer_codec import pack, received_delta, warm_up_compressor
+from p2p.averaging.outer_codec import pack, received_delta
 from p2p.averaging.outer_dense import DenseRounds
 from p2p.averaging.outer_finals import FinalSketches, OuterDone
+from p2p.averaging.outer_warm import WarmDensity
 from p2p.averaging.robust import RobustMixing
 from p2p.averaging.rounds import NeighbourRounds
 from p2p.bandwidth import BandwidthMonitor
@@ -363,10 +366,11 @@ class DiLoCo(AsynchronousHooks):
         self.port = port
         self._compressor = None if config.compression == "none" else compressor_from_config(config)
         self._dense = DenseRounds(self.options.dense_rounds, feedback)  # the first rounds' codec (outer_dense.py)
-        self._warm_compressor = warm_up_compressor(config, self.options.warmup_topk_fraction)  # "Warm-up"
+        self._warm = WarmDensity(config, self.options.warmup_topk_fraction)  # "Warm-up" (outer_warm.py)
         self.outer_at_step = port.step  # the inner steps the outer parameters hold (p2p.Swarm.evaluation_step)
         self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0,
-                                      "rounds_realigned": 0, "dense_rounds": 0, "gates_passed": 0}
+                                      "rounds_realigned": 0, "dense_rounds": 0, "gates_passed": 0,
+                                      "warmup_dense_rounds": 0, "warmup_dense_stopped": 0}
         self._scatter = None  # the reduce-scatter round (outer_scatter.py): it compresses the slices
         if self.options.reduce_scatter:
             self._scatter = OuterScatter(config.compression, config.compression_block, port.numel, port.model_key,
@@ -576,10 +580,9 @@ class DiLoCo(AsynchronousHooks):
         """The round's (theta_start, Delta, momentum), Delta as the neighbours will decode it.
         ``own``: Delta is our own pseudo-gradient, which error feedback tops up (docstring)."""
         self._packed = None
-        usual = self._compressor
-        if self._warm_compressor is not None and self._round_step <= self._schedule.warm_end:
-            usual = self._warm_compressor
-        compressor = self._dense.choose(usual, self._rounds.next_round())
+        warm = self._warm.compressor(self._round_step <= self._schedule.warm_end)
+        compressor = self._dense.choose(warm or self._compressor, self._rounds.next_round())
+        self._warm.sent = warm is not None and compressor is warm
         if compressor is not None:  # the residual is updated in place (outer_codec.py)
             self._packed, delta = pack(compressor, delta, self._residual if own else None)
         self._payload = (start, delta, momentum)
@@ -732,6 +735,9 @@ class DiLoCo(AsynchronousHooks):
                 waited = self._gate.waited_for(now)
                 self._dense.round_ended(waited, self._began_at, self._boundary_step,
                                         self._schedule.step_s, self._schedule.h, self.stats)
+            if self._warm.sent and not missing:  # the same for the warm-up's density (outer_warm.py)
+                self._warm.round_ended(self._gate.waited_for(now), self._schedule.step_s, self._schedule.h,
+                                       self.stats)
             if self._scatter is None:  # else when the slices are gathered
                 self._watch.note_average(r, mixed.payload[1], mixed, tau is None)
             self._agree_schedule(r, mixed, missing)

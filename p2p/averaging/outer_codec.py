@@ -8,16 +8,15 @@ decoded dense, each of those steps was a model-sized pass (bench/round_cpu.py).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Optional
 
 import numpy as np
 
 from p2p.averaging.base import ModelPort, decoded_params
-from p2p.compression import Compressed, Compressor, compressor_from_config, decompress
+from p2p.compression import Compressed, Compressor, decompress
 from p2p.compression.messages import CompressedFields
 from p2p.compression.sparse import SparseDelta, Vector, decode_sparseloco
-from p2p.protocol import LocalProtocolError, RemoteProtocolError
+from p2p.protocol import RemoteProtocolError
 
 
 def decode(packed: Compressed) -> Vector:
@@ -54,13 +53,3 @@ def pack(compressor: Compressor, delta: np.ndarray,
             residual -= decoded
     return packed, decoded
 
-
-def warm_up_compressor(config: Any, fraction: Optional[float]) -> Optional[Compressor]:
-    """The warm-up's rounds' compressor (diloco.py, "Warm-up"): sparseloco keeping ``fraction``
-    of each chunk, else as ``config``; None without a fraction (the usual compressor then)."""
-    if fraction is None:
-        return None
-    if config.compression != "sparseloco":
-        raise LocalProtocolError(f"diloco's warmup_topk_fraction is sparseloco's density in the warm-up; "
-                                 f"compression is {config.compression!r}")
-    return compressor_from_config(replace(config, compression_topk_fraction=fraction))

@@ -19,7 +19,7 @@ def render_status(info: dict, console: Console | None = None) -> None:
     consensus = info.get("consensus")
     if consensus is not None:
         console.print(f"consensus estimate {consensus:.3g} (relative distance to partners' models)")
-    for line in (flood_line(info), _robust_line(info), _inner_steps_line(info), dense_line(info), _scatter_line(info),
+    for line in (flood_line(info), _robust_line(info), _inner_steps_line(info), dense_line(info), warm_line(info), _scatter_line(info),
                  _repair_line(info)):
         if line:
             console.print(line)
@@ -84,6 +84,18 @@ def dense_line(info: dict) -> str:
     sent = (info.get("averaging") or {}).get("dense_rounds", 0)
     return (f"diloco dense first rounds: {sent} sent as int4 (--diloco-dense-rounds; they stop after one the "
             f"trainer waited for longer than its period's compute)") if sent else ""
+
+
+def warm_line(info: dict) -> str:
+    """DiLoCo's denser warm-up rounds (p2p/averaging/outer_warm.py) this node sent, and whether it
+    went back to the codec's density (the link did not carry them), or "" for none."""
+    avg = info.get("averaging") or {}
+    sent = avg.get("warmup_dense_rounds", 0)
+    if not sent:
+        return ""
+    stopped = ("; stopped: the trainer waited more than a third of the period's compute for them"
+               if avg.get("warmup_dense_stopped") else "")
+    return f"diloco warm-up rounds: {sent} sent at --diloco-warmup-topk-fraction's density{stopped}"
 
 
 def _scatter_line(info: dict) -> str:

@@ -97,6 +97,9 @@ class SwarmCollector(Collector):
         if "dense_rounds" in avg:  # DiLoCo's dense first rounds (p2p/averaging/outer_dense.py)
             yield CounterMetricFamily("p2p_diloco_dense_rounds", "DiLoCo outer rounds this node sent as int4 instead of "
                                       "sparseloco (--diloco-dense-rounds)", value=avg["dense_rounds"])
+        if "warmup_dense_rounds" in avg:  # DiLoCo's denser warm-up rounds (p2p/averaging/outer_warm.py)
+            yield CounterMetricFamily("p2p_diloco_warmup_dense_rounds", "DiLoCo warm-up rounds this node sent at "
+                                      "--diloco-warmup-topk-fraction's density", value=avg["warmup_dense_rounds"])
         if "repairs_started" in avg:  # DiLoCo's repairs of copies apart (p2p/averaging/outer_repair.py)
             repairs = CounterMetricFamily("p2p_repairs", "Repairs of theta_start copies apart, by outcome",
                                           labels=["outcome"])
