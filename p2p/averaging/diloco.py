@@ -131,7 +131,7 @@ early Deltas leaves the outer parameters behind, where 10% reached 0.80 on nodes
 steps against 2%'s ~147 and DDP's ~121 (bench/diloco_sweep.py, stop 40); after the warm-up the
 rounds go back to the codec's own density, whose few bytes and CPU the long run is made of. A
 peer sends the denser rounds only while the link carries them (outer_warm.py: while its waits
-for them stay within a third of the period's compute; at 20 Mbit/s they do not).
+for them average within 0.4 of the period's compute; at 20 Mbit/s they do not).
 
 theta_start never travels in the rounds on ``full`` (``gossip_rounds`` = 1). Every share carries
 a sketch of the sender's theta_start (a few hundred entries at fixed positions). Peers that mixed

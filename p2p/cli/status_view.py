@@ -93,7 +93,7 @@ def warm_line(info: dict) -> str:
     sent = avg.get("warmup_dense_rounds", 0)
     if not sent:
         return ""
-    stopped = ("; stopped: the trainer waited more than a third of the period's compute for them"
+    stopped = ("; stopped: the trainer waited more than 0.4 of the period's compute for them, on average"
                if avg.get("warmup_dense_stopped") else "")
     return f"diloco warm-up rounds: {sent} sent at --diloco-warmup-topk-fraction's density{stopped}"
 
