@@ -277,7 +277,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     Setting("diloco_warmup_inner_steps", "diloco", "warmup_inner_steps", lambda v: _number(v, low=1, low_ok=True, integer=True),
             "DiLoCo: inner steps between outer synchronisations during --diloco-warmup-steps (default 10)."),
     Setting("diloco_warmup_topk_fraction", "diloco", "warmup_topk_fraction", lambda v: float(_number(v, high=1, high_ok=True)),
-            "DiLoCo with sparseloco: the fraction of each chunk the rounds of --diloco-warmup-steps keep (default: --topk-fraction's): denser rounds while the early Deltas are large and spread, sent while the link carries them (a peer goes back to --topk-fraction's once its waits for them average more than 0.4 of the period's compute)."),
+            "DiLoCo with sparseloco: the fraction of each chunk the rounds of --diloco-warmup-steps keep (default: --topk-fraction's): denser rounds while the early Deltas are large and spread, sent while the link carries them (a peer goes back to --topk-fraction's once the median of its waits for them passes half the period's compute)."),
     Setting("diloco_reduce_scatter", "diloco", "reduce_scatter", _flag,
             "DiLoCo: average each outer round by reduce-scatter + all-gather, 2(N-1)/N model-sizes per peer instead of N-1 (dense codecs, one gossip round; every peer must run with it)."),
     Setting("sgp_push_interval", "sgp", "push_interval_s", lambda v: float(_number(v, low_ok=True)),

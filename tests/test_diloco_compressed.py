@@ -304,33 +304,34 @@ def warm_rounds(waits):
 
 
 @pytest.mark.parametrize("waits", [[0.3] * 12,  # 0.3 of the period's compute
-                                   [0.2, 0.2, 0.9] + [0.2] * 9,  # one slow round is not a slow link
-                                   [0.2, 0.2, 0.6, 0.2, 0.6] + [0.2] * 7])  # nor are two (a median would stop)
-def test_the_warm_up_s_denser_rounds_go_on_while_the_trainer_s_mean_wait_is_within_0_4_of_the_compute(waits):
+                                   [0.2, 0.2, 1.5] + [0.2] * 9,  # one slow round is not a slow link
+                                   [0.2, 0.2, 1.5, 0.2, 0.2, 1.5] + [0.2] * 6])  # nor are two (their mean is 0.63)
+def test_the_warm_up_s_denser_rounds_go_on_while_the_trainer_s_median_wait_is_within_half_the_compute(waits):
     kept, peers = warm_rounds(waits)
     assert kept == [{50}] * 10 + [{10}] * 2  # the warm-up's boundaries 2, 4, ..., 20, then H 4's
     assert all(alg.stats["warmup_dense_rounds"] == 10 and not alg.stats["warmup_dense_stopped"]
                for _, alg in peers)
+    assert all(alg.stats["warmup_wait_pct"] == round(100 * waits[1]) for _, alg in peers)
 
 
-def test_the_warm_up_s_denser_rounds_stop_once_the_mean_wait_passes_0_4_of_the_compute():
-    # 0.5 s of 1 s: the first round is not judged (no period measured yet), rounds 2-6 are, and
-    # from round 7 the warm-up goes on at the codec's 2%, for good (a faster link later does
+def test_the_warm_up_s_denser_rounds_stop_once_the_median_wait_passes_half_the_compute():
+    # 0.6 s of 1 s: the first round is not judged (no period measured yet), rounds 2-7 are, and
+    # from round 8 the warm-up goes on at the codec's 2%, for good (a faster link later does
     # not bring 10% back)
-    kept, peers = warm_rounds([0.5] * 6 + [0.1] * 6)
-    assert kept == [{50}] * 6 + [{10}] * 6
-    assert all(alg.stats["warmup_dense_rounds"] == 6 and alg.stats["warmup_dense_stopped"] for _, alg in peers)
-    # a link that slows down later: the mean passes 0.4 at round 8 ((5 x 0.3 + 2 x 0.7) / 7)
-    kept, _ = warm_rounds([0.3] * 6 + [0.7] * 6)
+    kept, peers = warm_rounds([0.6] * 7 + [0.1] * 5)
+    assert kept == [{50}] * 7 + [{10}] * 5
+    assert all(alg.stats["warmup_dense_rounds"] == 7 and alg.stats["warmup_dense_stopped"] for _, alg in peers)
+    # a link that slows down later: the median passes half at round 8 (three waits of 0.3, four of 0.7)
+    kept, _ = warm_rounds([0.3] * 4 + [0.7] * 8)
     assert kept == [{50}] * 8 + [{10}] * 4
-    info = {"step": 12, "averaging": dict(peers[0][1].stats)}
-    assert warm_line(info) == ("diloco warm-up rounds: 6 sent at --diloco-warmup-topk-fraction's density; "
-                               "stopped: the trainer waited more than 0.4 of the period's compute for them, "
-                               "on average")
+    info = {"step": 14, "averaging": dict(peers[0][1].stats)}
+    assert warm_line(info) == ("diloco warm-up rounds: 7 sent at --diloco-warmup-topk-fraction's density, the "
+                               "trainer's wait for them 60% of the period's compute (median); stopped: over 50%, "
+                               "the link does not carry them")
     assert warm_line({"averaging": {"warmup_dense_rounds": 0}}) == "" and warm_line({}) == ""
     sent = [s.value for m in SwarmCollector(lambda: info).collect() if m.name == "p2p_diloco_warmup_dense_rounds"
             for s in m.samples]
-    assert sent == [6]
+    assert sent == [7]
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "4", None])

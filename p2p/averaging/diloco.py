@@ -131,7 +131,7 @@ early Deltas leaves the outer parameters behind, where 10% reached 0.80 on nodes
 steps against 2%'s ~147 and DDP's ~121 (bench/diloco_sweep.py, stop 40); after the warm-up the
 rounds go back to the codec's own density, whose few bytes and CPU the long run is made of. A
 peer sends the denser rounds only while the link carries them (outer_warm.py: while its waits
-for them average within 0.4 of the period's compute; at 20 Mbit/s they do not).
+for them stay within half the period's compute, as a median; at 20 Mbit/s they do not).
 
 theta_start never travels in the rounds on ``full`` (``gossip_rounds`` = 1). Every share carries
 a sketch of the sender's theta_start (a few hundred entries at fixed positions). Peers that mixed
@@ -370,7 +370,7 @@ class DiLoCo(AsynchronousHooks):
         self.outer_at_step = port.step  # the inner steps the outer parameters hold (p2p.Swarm.evaluation_step)
         self.stats: dict[str, int] = {"outer_steps": 0, "params_sent": 0, "copies_apart": 0, "boundaries_skipped": 0,
                                       "rounds_realigned": 0, "dense_rounds": 0, "gates_passed": 0,
-                                      "warmup_dense_rounds": 0, "warmup_dense_stopped": 0}
+                                      "warmup_dense_rounds": 0, "warmup_dense_stopped": 0, "warmup_wait_pct": 0}
         self._scatter = None  # the reduce-scatter round (outer_scatter.py): it compresses the slices
         if self.options.reduce_scatter:
             self._scatter = OuterScatter(config.compression, config.compression_block, port.numel, port.model_key,

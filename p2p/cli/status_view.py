@@ -93,9 +93,10 @@ def warm_line(info: dict) -> str:
     sent = avg.get("warmup_dense_rounds", 0)
     if not sent:
         return ""
-    stopped = ("; stopped: the trainer waited more than 0.4 of the period's compute for them, on average"
-               if avg.get("warmup_dense_stopped") else "")
-    return f"diloco warm-up rounds: {sent} sent at --diloco-warmup-topk-fraction's density{stopped}"
+    line = f"diloco warm-up rounds: {sent} sent at --diloco-warmup-topk-fraction's density"
+    if avg.get("warmup_wait_pct"):
+        line += f", the trainer's wait for them {avg['warmup_wait_pct']}% of the period's compute (median)"
+    return line + ("; stopped: over 50%, the link does not carry them" if avg.get("warmup_dense_stopped") else "")
 
 
 def _scatter_line(info: dict) -> str:

@@ -173,6 +173,7 @@ class Node:
                 "repair_rounds": avg.get("repair_rounds"), "catch_ups": avg.get("catch_ups_completed"),
                 "repair_bytes": avg.get("repair_bytes"), "inner_steps": avg.get("inner_steps"),
                 "dense_rounds": avg.get("dense_rounds"), "warmup_dense_rounds": avg.get("warmup_dense_rounds"),
+                "warmup_wait_pct": avg.get("warmup_wait_pct"),
                 "rounds_partial": avg.get("rounds_partial"), "late": avg.get("late"),
                 "round_deadline_ms": avg.get("round_deadline_ms"), "gate_wait_s": s.get("gate_wait_s"),
                 "evaluated_at": _number(self.loop.state.evaluated_at) if self.loop else None,
