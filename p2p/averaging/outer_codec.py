@@ -8,7 +8,7 @@ decoded dense, each of those steps was a model-sized pass (bench/round_cpu.py).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 

@@ -19,8 +19,8 @@ def render_status(info: dict, console: Console | None = None) -> None:
     consensus = info.get("consensus")
     if consensus is not None:
         console.print(f"consensus estimate {consensus:.3g} (relative distance to partners' models)")
-    for line in (flood_line(info), _robust_line(info), _inner_steps_line(info), dense_line(info), warm_line(info), _scatter_line(info),
-                 _repair_line(info)):
+    for line in (flood_line(info), _robust_line(info), _inner_steps_line(info), dense_line(info), warm_line(info),
+                 _scatter_line(info), _repair_line(info)):
         if line:
             console.print(line)
     line = _sync_line(info.get("sync") or {})
