@@ -89,7 +89,10 @@ class LocalSwarm:
             # started late (a joiner, after the others trained) can find one taken meanwhile by an
             # outgoing connection: it would exit at once, "address in use", and a test would wait
             # for its status until its deadline. Before its first start nobody knows its address.
-            self.ports[i] = free_ports(1, self.host)[0]
+            # Not another peer's pair: one started just before may not have bound it yet (seen:
+            # the new port was peer 0's, and peer 0, still importing, exited "address in use").
+            others = [p for j, p in enumerate(self.ports) if j != i]
+            self.ports[i] = free_ports(1, self.host, avoid=others)[0]
             self.addrs[i] = f"{self.host}:{self.ports[i]}"
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         proc = forked_nodes.popen(self.command(i, join), env, self.log_dir / f"peer{i}.log")

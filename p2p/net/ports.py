@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import Any, Iterable
 
 from p2p.net.addresses import parse_address
 from p2p.net.keyring import Keyring
 from p2p.net.transport import Transport, TransportConfig, TransportError
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+def free_ports(count: int, host: str = "127.0.0.1", avoid: Iterable[int] = ()) -> list[int]:
     """Ports the OS reports free right now, each with the next port free too (a node's bulk
     port, p2p/net/bulk.py), and no two pairs overlapping. All are held while choosing, so none
-    repeats."""
+    repeats. ``avoid``: the first ports of pairs already given out whose nodes may not have
+    bound them yet (a process takes seconds to start): no returned pair overlaps one of them."""
+    taken = set(avoid)
     held, ports = [], []
     try:
         while len(ports) < count:
@@ -21,7 +23,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             first.bind((host, 0))
             held.append(first)
             port = first.getsockname()[1]
-            if port >= 65535 or port + 1 in ports or port - 1 in ports:
+            if port >= 65535 or taken & {port - 1, port, port + 1}:
                 continue
             second = socket.socket()
             try:
@@ -31,6 +33,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
                 continue
             held.append(second)
             ports.append(port)
+            taken.add(port)
         return ports
     finally:
         for s in held:
