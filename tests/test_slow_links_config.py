@@ -67,8 +67,8 @@ def test_peers_started_with_the_slow_links_file_average_on_the_warm_up_steps_and
         assert avg["outer_steps"] == 7 and avg["boundaries_skipped"] <= avg["gates_passed"], avg
         if override:  # blocking rounds: the trainer never goes on without one
             assert avg["gates_passed"] == 0 and avg["boundaries_skipped"] == 0, avg
-        # the warm-up's four rounds at 10% (loopback carries them; outer_warm.py judges from the
-        # fifth), none without the override
+        # the warm-up's four rounds at 10% (loopback carries them; outer_warm.py judges only once
+        # six waits are measured), none without the override
         assert avg["warmup_dense_rounds"] == (4 if override else 0), avg
     # every peer took the same outer steps: after the last one the models are theta_start, one copy
     scale = float(np.linalg.norm(np.mean(params, axis=0)))

@@ -730,14 +730,14 @@ class DiLoCo(AsynchronousHooks):
             # outer_schedule.py rule 5), in step and not cut, and its link was fast enough.
             missing = self._wait_for - mixed.senders - self._rounds.moved_on()
             self._observe_wait(mixed, missing, now)
-            if self._dense.sent and not missing:  # judged by what the trainer waited for it (with
-                # overlap, not the round's length: it ran beside the next steps)
-                waited = self._gate.waited_for(now)
+            # The dense rounds and the warm-up's density are judged by what the trainer waited for
+            # the round (with overlap, not the round's length: it ran beside the next steps)
+            waited = self._gate.waited_for(now)
+            if self._dense.sent and not missing:
                 self._dense.round_ended(waited, self._began_at, self._boundary_step,
                                         self._schedule.step_s, self._schedule.h, self.stats)
-            if self._warm.sent and not missing:  # the same for the warm-up's density (outer_warm.py)
-                self._warm.round_ended(self._gate.waited_for(now), self._schedule.step_s, self._schedule.h,
-                                       self.stats)
+            if self._warm.sent and not missing:  # outer_warm.py
+                self._warm.round_ended(waited, self._schedule.step_s, self._schedule.h, self.stats)
             if self._scatter is None:  # else when the slices are gathered
                 self._watch.note_average(r, mixed.payload[1], mixed, tau is None)
             self._agree_schedule(r, mixed, missing)
