@@ -17,7 +17,9 @@ shards, per-peer batch size, optimizer, learning rate, run seed and step count:
   again in every rate's lab, so that each rate's ratios compare runs made minutes apart, not up
   to half an hour: on this shared machine the same method's train time moved 4% between two runs
   20 minutes apart (tinylm, int4-h25, 20 Mbit/s: 352.9 and 338.3 s), as much as a per-step
-  overhead target's margin.
+  overhead target's margin. With ``--repeat`` as well it runs in every pass ("compute_only #2",
+  ...), and each pass's p2p runs are compared with the compute-only run of their own pass: a
+  paired overhead per run, not every repeat against one draw of the machine's speed.
 
 Definitions (the clock, the same for every method: wall seconds from launching the method's
 processes, so process start-up, data loading and joining / rendezvous count (p2p nodes get
@@ -256,13 +258,17 @@ def plan_methods(methods: list[str]) -> list[tuple[str, Optional[list[str]]]]:
     return list(dict((name, (name, extra)) for name, extra in plan).values())  # no repeats
 
 
-def run_order(plan: list[tuple[str, Optional[list[str]]]], repeat: int) -> list[tuple[str, str, Optional[list[str]]]]:
+def run_order(plan: list[tuple[str, Optional[list[str]]]], repeat: int,
+              paired: bool = False) -> list[tuple[str, str, Optional[list[str]]]]:
     """[(result name, method, extra args)] for one rate: the plan, then (``--repeat``) the p2p
     methods again, pass after pass, named "METHOD #2", "METHOD #3", ...: interleaved, so that a
-    slow spell of the shared machine falls on every method rather than on one's runs."""
+    slow spell of the shared machine falls on every method rather than on one's runs. ``paired``
+    (``--compute-only-each-rate`` with ``--repeat``): compute_only runs again in every pass too,
+    and each pass's p2p runs are compared with its own (report: ``compute_only_for``)."""
     order = [(name, name, extra) for name, extra in plan]
     for i in range(2, repeat + 1):
-        order += [(f"{name} #{i}", name, extra) for name, extra in plan if extra is not None]
+        order += [(f"{name} #{i}", name, extra) for name, extra in plan
+                  if extra is not None or (paired and name == "compute_only")]
     return order
 
 
@@ -276,7 +282,7 @@ def run_all(rates: list[str], plan: list[tuple[str, Optional[list[str]]]], s: Se
         label = "unlimited" if parse_rate(rate) is None else rate
         results[label] = {}
         with Lab(s.peers, None if label == "unlimited" else rate, prefix=prefix, subnet=subnet) as lab:
-            for key, name, extra in run_order(plan, repeat):
+            for key, name, extra in run_order(plan, repeat, paired=compute_only_each_rate):
                 if name == "compute_only" and compute_only is not None and not compute_only_each_rate:
                     results[label][name] = Result(**{**asdict(compute_only), "rate": label})
                     continue
@@ -310,10 +316,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "DDP's steps to a target do not depend on the link, so `--only-at ddp:unlimited` gives "
                          "the ideal bound without DDP's hours at 20 Mbit/s (no x DDP column at the other rates)")
     ap.add_argument("--compute-only-each-rate", action="store_true",
-                    help="run compute_only in every rate's lab, not once: a baseline measured beside each rate's runs")
+                    help="run compute_only in every rate's lab, not once: a baseline measured beside each rate's runs "
+                         "(with --repeat, in every pass, and each pass's runs compared with its own)")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="run every p2p method this many times at each rate, interleaved (the baselines once); "
-                         "the report adds each one's median and range")
+                    help="run every p2p method this many times at each rate, interleaved (the baselines once, but "
+                         "compute_only with --compute-only-each-rate); the report adds each one's median and range")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=float, default=None, help="seconds between evaluations")
     ap.add_argument("--poll", type=float, default=0.5, help="p2p nodes' --log-every, seconds")

@@ -64,8 +64,8 @@ def compare_with_bounds(results: dict[str, dict[str, Result]]) -> None:
         return round(steps * (co.train_time_s - co.start_s) / co.steps + co.start_s, 3)
 
     for by_method in results.values():
-        co = by_method.get("compute_only", first)
-        for r in by_method.values():
+        for name, r in by_method.items():
+            co = compute_only_for(name, by_method, first)
             r.ideal_s, r.ideal_high_s = ideal(co, fewest[0]), ideal(co, fewest[1])
             if co is not None and co.train_time_s and r.train_time_s:
                 r.step_overhead = round(r.train_time_s / co.train_time_s - 1, 4)
@@ -75,6 +75,16 @@ def compare_with_bounds(results: dict[str, dict[str, Result]]) -> None:
                     r.phase_less_eval_overhead = round((r.train_phase_s - r.eval_s) / (co.train_phase_s - co.eval_s) - 1, 4)
             if co is not None and co.cpu_s_per_step and r.cpu_s_per_step:
                 r.cpu_overhead = round(r.cpu_s_per_step / co.cpu_s_per_step - 1, 4)
+
+
+def compute_only_for(name: str, by_method: dict[str, Result], first: Optional[Result]) -> Optional[Result]:
+    """The compute-only run a result at one rate is compared with: its own pass's ("METHOD #2"
+    with "compute_only #2", bench/slow_links.py ``run_order``'s pairs) where there is one, else
+    the rate's first, else the run's first. Why pairs: compute-only's own 1200 steps of
+    nodes.wide took 90.7-106.4 s from one rate's lab to the next (stop 43), the size of a 10%
+    overhead target, and one compute-only run per rate left every repeat against one draw."""
+    _, _, n = name.partition(" #")
+    return by_method.get(f"compute_only #{n}" if n else "compute_only") or by_method.get("compute_only", first)
 
 
 def fmt(x: Optional[float], digits: int = 1) -> str:

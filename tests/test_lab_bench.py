@@ -158,6 +158,26 @@ def test_repeats_run_the_p2p_methods_again_pass_after_pass_and_the_baselines_onc
     assert slow_links.run_order(plan, 1) == [(name, name, extra) for name, extra in plan]
 
 
+def test_paired_repeats_run_compute_only_in_every_pass_and_compare_each_pass_with_its_own():
+    plan = slow_links.plan_methods(["p2p-diloco-sparse-h25", "ddp", "compute_only"])
+    order = slow_links.run_order(plan, 3, paired=True)
+    assert [key for key, _, _ in order] == [
+        "p2p-diloco-sparse-h25", "ddp", "compute_only", "p2p-diloco-sparse-h25 #2", "compute_only #2",
+        "p2p-diloco-sparse-h25 #3", "compute_only #3"]
+    # pass 2's machine was 10% slower: its p2p run is compared with its own compute-only run
+    co = {key: slow_links_runs.Result("compute_only", "100mbit", train_time_s=t, start_s=10.0, steps=1000)
+          for key, t in (("compute_only", 100.0), ("compute_only #2", 110.0))}
+    ours = {key: slow_links_runs.Result("p2p-x", "100mbit", train_time_s=t) for key, t in
+            (("p2p-x", 105.0), ("p2p-x #2", 115.5), ("p2p-x #3", 120.0))}
+    ddp = slow_links_runs.Result("ddp", "100mbit", steps_to_target=400)
+    slow_links_report.compare_with_bounds({"100mbit": {**co, **ours, "ddp": ddp}})
+    assert ours["p2p-x"].step_overhead == pytest.approx(0.05)
+    assert ours["p2p-x #2"].step_overhead == pytest.approx(0.05)
+    assert ours["p2p-x #2"].ideal_s == pytest.approx(400 * 0.1 + 10.0)
+    assert ours["p2p-x #3"].step_overhead == pytest.approx(0.2)  # no pass-3 compute-only: the rate's first
+    assert co["compute_only #2"].step_overhead == pytest.approx(0.0)
+
+
 def test_repeats_are_summarised_by_median_and_range_and_count_the_runs_that_never_got_there():
     s = slow_links_runs.Settings("t", 4, 1000, 0, 1.0, 0.5, 600, target=0.8, target_high=0.9)
     runs = {"p2p-x": (12.0, 20.0, 0.05), "p2p-x #2": (10.0, None, 0.15), "p2p-x #3": (15.0, 24.0, -0.02)}
