@@ -14,7 +14,15 @@ seconds), so a window that holds one is lower for compute-only too: compare the 
 compute-only's own row. Runs made before the workers logged every 0.5 s have compute-only
 windows smoothed over its evaluations (~2.5 s).
 
-    python bench/slow_links_windows.py bench/out/logs/STAMP [--window 4]
+``--split STEP`` adds, per run, the training phase's seconds before and after STEP (from the
+last peer's first step to the last peer reaching STEP, and from there to the last peer's last
+step; interpolated between lines) against compute-only's: where a method's overhead lies. A
+DiLoCo warm-up (``--diloco-warmup-steps 300``) runs its rounds 2.5x as often as after it; the
+split at 300 shows what each part costs. Each run is compared with the compute-only run of its
+own pass (``METHOD-2`` with ``compute_only-2``, bench/slow_links.py's paired repeats), else the
+rate's ``compute_only``.
+
+    python bench/slow_links_windows.py bench/out/logs/STAMP [--window 4] [--split 300]
 """
 
 from __future__ import annotations
@@ -71,10 +79,46 @@ def report(run_dir: Path, width: float) -> list[dict]:
     return rows
 
 
+def reaches(points: list[tuple[float, int]], step: int) -> Optional[float]:
+    """When a peer's steps reached ``step`` (interpolated between its lines), None if never."""
+    for (t0, s0), (t1, s1) in zip(points, points[1:]):
+        if s1 >= step > s0 or (s0 >= step and t0 == points[0][0]):
+            return t0 if s0 >= step else t0 + (t1 - t0) * (step - s0) / (s1 - s0)
+    return None
+
+
+def split(run_dir: Path, step: int) -> list[dict]:
+    """Per rate and method: the training phase's seconds before and after ``step`` (last peer
+    to its first step, to ``step``, to its last step), and each over its pass's compute-only."""
+    rows = []
+    for rate_dir in sorted(p for p in run_dir.iterdir() if p.is_dir()):
+        runs: dict[str, tuple[float, float]] = {}
+        for method_dir in sorted(p for p in rate_dir.iterdir() if p.is_dir()):
+            peers = [progress(log) for log in sorted(method_dir.glob("peer*.log"))]
+            peers = [[(t, s) for t, s in pts if s > 0] for pts in peers]
+            if not peers or not all(peers):
+                continue
+            at = [reaches(pts, step) for pts in peers]
+            if None in at or max(pts[-1][1] for pts in peers) <= step:
+                continue
+            first, mid, last = max(p[0][0] for p in peers), max(at), max(p[-1][0] for p in peers)
+            runs[method_dir.name] = (mid - first, last - mid)
+        for name, (before, after) in runs.items():
+            stem, _, n = name.rpartition("-")
+            co = runs.get(f"compute_only-{n}") if n.isdigit() and stem else None
+            co = co or runs.get("compute_only")
+            rows.append({"rate": rate_dir.name, "method": name, "before_s": round(before, 2), "after_s": round(after, 2),
+                         "before_x": round(before / co[0], 3) if co else None,
+                         "after_x": round(after / co[1], 3) if co else None})
+    return rows
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path, help="bench/out/logs/STAMP of a bench/slow_links.py run")
     ap.add_argument("--window", type=float, default=4.0, help="window width in seconds")
+    ap.add_argument("--split", type=int, default=None, metavar="STEP",
+                    help="also the seconds before and after this step, against compute-only's")
     args = ap.parse_args(argv)
     if not args.run_dir.is_dir():
         ap.error(f"{args.run_dir}: not a directory (want bench/out/logs/STAMP of a bench/slow_links.py run)")
@@ -88,6 +132,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     for r in rows:
         cells = [f"{r[k]:.1f}" + (f" ({r[k + '_x']:.2f}x)" if r[k + "_x"] is not None else "") for k in ("median", "p10", "lowest")]
         print(f"| {r['rate']} | {r['method']} | {' | '.join(cells)} | {r['windows']} |")
+    if args.split is not None:
+        if args.split < 1:
+            ap.error(f"--split must be a step >= 1, got {args.split}")
+        print(f"\ntraining phase before and after step {args.split}, seconds (x: over its pass's compute-only)")
+        print(f"| rate | method | to step {args.split} | after it |\n| --- | --- | ---: | ---: |")
+        for r in split(args.run_dir, args.split):
+            cells = [f"{r[k + '_s']:.1f}" + (f" ({r[k + '_x']:.2f}x)" if r[k + "_x"] is not None else "")
+                     for k in ("before", "after")]
+            print(f"| {r['rate']} | {r['method']} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":

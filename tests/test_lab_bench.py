@@ -334,6 +334,29 @@ def test_short_windows_show_a_stall_that_the_mean_hides(tmp_path):
     assert rows["p2p-x"]["lowest_x"] == pytest.approx(0.5, abs=0.01)
 
 
+def test_the_split_shows_where_a_run_is_slower_against_its_own_passs_compute_only(tmp_path):
+    """bench/slow_links_windows.py --split 300: a run at half compute-only's speed to step 300 and
+    at its speed after is 2x before and 1x after; a second pass's run is compared with its own
+    pass's compute-only (here 10% slower than the first)."""
+    def log(path, before_s, after_s, t=1000.0):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps({"t": t + before_s * k / 300, "step": k}) for k in range(1, 300)]
+        lines += [json.dumps({"t": t + before_s + after_s * k / 900, "step": 300 + k}) for k in range(0, 901, 3)]
+        path.write_text("\n".join(lines) + "\n")
+
+    for peer in range(2):
+        log(tmp_path / "100mbit" / "compute_only" / f"peer{peer}.log", 20.0, 60.0)
+        log(tmp_path / "100mbit" / "compute_only-2" / f"peer{peer}.log", 22.0, 66.0)
+        log(tmp_path / "100mbit" / "p2p-x" / f"peer{peer}.log", 40.0, 60.0, t=1000.0 + peer)  # peer 1 a second late
+        log(tmp_path / "100mbit" / "p2p-x-2" / f"peer{peer}.log", 22.0, 72.6)
+    rows = {r["method"]: r for r in slow_links_windows.split(tmp_path, 300)}
+    first = rows["p2p-x"]  # from the last peer's first step: peer 1's
+    assert first["before_s"] == pytest.approx(40.0 * 299 / 300, abs=0.05) and first["after_s"] == pytest.approx(60.0)
+    assert first["before_x"] == pytest.approx(2.0, abs=0.01) and first["after_x"] == pytest.approx(1.0, abs=0.01)
+    assert rows["p2p-x-2"]["before_x"] == pytest.approx(1.0, abs=0.01) and rows["p2p-x-2"]["after_x"] == pytest.approx(1.1)
+    assert rows["compute_only-2"]["before_x"] == pytest.approx(1.0)
+
+
 def _rounds_progress(steps_per_s: float, seconds: float) -> "diloco_repair.Progress":
     progress = diloco_repair.Progress([])
     progress.lines = [[(t / 10, int(t / 10 * steps_per_s), {}) for t in range(int(seconds * 10) + 1)]]
