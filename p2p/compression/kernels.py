@@ -173,7 +173,9 @@ def rows_top_k(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
        key each, (row, |x| bits, sign, column), and each row keeps its last k.
 
     m = 8 when it divides the width and leaves >= 4k groups; else m = 1, where t is the exact
-    k-th largest and step 3 only settles ties at t. Steps 1-3 run per batch of 2 * CHUNK
+    k-th largest: each row's candidates are its top k unless |x| ties at t, and a batch without
+    such ties skips step 3 (its key and sort were ~2/3 of the selection at 10% of a 4096-entry
+    chunk: 18.5 to 6.5 ms on nodes.wide; the columns come out ascending). Steps 1-3 run per batch of 2 * CHUNK
     elements: fastest measured (half the batches: fewer numpy calls); step 3 over all rows at
     once was slower: its temporaries (~0.4 MB each on nodes.wide) page-faulted on every call."""
     nrows, width = rows.shape
@@ -194,6 +196,10 @@ def rows_top_k(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         gmax = a.reshape(r1 - r0, m, groups).max(axis=1) if m > 1 else a.copy()
         gmax.partition(groups - k, axis=1)
         flat = np.flatnonzero(a >= gmax[:, groups - k: groups - k + 1])
+        if m == 1 and flat.size == (r1 - r0) * k:  # no ties at t: each row's candidates are its top k
+            cols[r0:r1] = flat.reshape(r1 - r0, k) - (np.arange(r1 - r0) * width)[:, None]
+            vals[r0:r1] = raw.reshape(-1)[flat].view(np.uint32).reshape(r1 - r0, k)
+            continue
         row = flat // width
         bits = raw.reshape(-1)[flat].view(np.uint32)
         key = row.astype(np.uint64)
