@@ -175,9 +175,10 @@ def rows_top_k(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     m = 8 when it divides the width and leaves >= 4k groups; else m = 1, where t is the exact
     k-th largest: each row's candidates are its top k unless |x| ties at t, and a batch without
     such ties skips step 3 (its key and sort were ~2/3 of the selection at 10% of a 4096-entry
-    chunk: 18.5 to 6.5 ms on nodes.wide; the columns come out ascending). Steps 1-3 run per batch of 2 * CHUNK
-    elements: fastest measured (half the batches: fewer numpy calls); step 3 over all rows at
-    once was slower: its temporaries (~0.4 MB each on nodes.wide) page-faulted on every call."""
+    chunk: 18.5 to 8.5 ms on nodes.wide; the columns come out ascending). Steps 1-3 run per
+    batch of 2 * CHUNK elements: fastest measured (half the batches: fewer numpy calls); step 3
+    over all rows at once was slower: its temporaries (~0.4 MB each on nodes.wide) page-faulted
+    on every call."""
     nrows, width = rows.shape
     if k >= width:
         return np.broadcast_to(np.arange(width), rows.shape).copy(), rows.copy()
