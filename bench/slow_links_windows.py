@@ -38,6 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import _common  # noqa: E402
+from slow_links_report import compute_only_for  # noqa: E402
 
 
 def progress(path: Path) -> list[tuple[float, int]]:
@@ -81,10 +82,18 @@ def report(run_dir: Path, width: float) -> list[dict]:
 
 def reaches(points: list[tuple[float, int]], step: int) -> Optional[float]:
     """When a peer's steps reached ``step`` (interpolated between its lines), None if never."""
+    if points and points[0][1] >= step:
+        return points[0][0]
     for (t0, s0), (t1, s1) in zip(points, points[1:]):
-        if s1 >= step > s0 or (s0 >= step and t0 == points[0][0]):
-            return t0 if s0 >= step else t0 + (t1 - t0) * (step - s0) / (s1 - s0)
+        if s1 >= step > s0:
+            return t0 + (t1 - t0) * (step - s0) / (s1 - s0)
     return None
+
+
+def result_name(log_dir: str) -> str:
+    """A run's log directory as bench/slow_links.py names its result ("METHOD-2": "METHOD #2")."""
+    stem, _, n = log_dir.rpartition("-")
+    return f"{stem} #{n}" if stem and n.isdigit() else log_dir
 
 
 def split(run_dir: Path, step: int) -> list[dict]:
@@ -92,7 +101,7 @@ def split(run_dir: Path, step: int) -> list[dict]:
     to its first step, to ``step``, to its last step), and each over its pass's compute-only."""
     rows = []
     for rate_dir in sorted(p for p in run_dir.iterdir() if p.is_dir()):
-        runs: dict[str, tuple[float, float]] = {}
+        runs: dict[str, tuple[str, float, float]] = {}  # by result name: (log directory, before, after)
         for method_dir in sorted(p for p in rate_dir.iterdir() if p.is_dir()):
             peers = [progress(log) for log in sorted(method_dir.glob("peer*.log"))]
             peers = [[(t, s) for t, s in pts if s > 0] for pts in peers]
@@ -102,14 +111,12 @@ def split(run_dir: Path, step: int) -> list[dict]:
             if None in at or max(pts[-1][1] for pts in peers) <= step:
                 continue
             first, mid, last = max(p[0][0] for p in peers), max(at), max(p[-1][0] for p in peers)
-            runs[method_dir.name] = (mid - first, last - mid)
-        for name, (before, after) in runs.items():
-            stem, _, n = name.rpartition("-")
-            co = runs.get(f"compute_only-{n}") if n.isdigit() and stem else None
-            co = co or runs.get("compute_only")
+            runs[result_name(method_dir.name)] = (method_dir.name, mid - first, last - mid)
+        for key, (name, before, after) in runs.items():
+            co = compute_only_for(key, runs, None)  # the report's pairing: its own pass's, else the rate's
             rows.append({"rate": rate_dir.name, "method": name, "before_s": round(before, 2), "after_s": round(after, 2),
-                         "before_x": round(before / co[0], 3) if co else None,
-                         "after_x": round(after / co[1], 3) if co else None})
+                         "before_x": round(before / co[1], 3) if co else None,
+                         "after_x": round(after / co[2], 3) if co else None})
     return rows
 
 

@@ -11,8 +11,9 @@ at 2%; at 20 Mbit/s it cost +17-20% per step, against -6 to -3% at 2%, for no ti
 
 So a peer sends the denser rounds while the median of its waits for them stays within ``SHARE``
 of the period's compute (H x the measured seconds per inner step), judged once ``JUDGED`` waits
-are measured (the first round's is not: no period was measured yet). After that it sends the codec's own density for the rest of the warm-up, for good: a
-wait that grew with the bytes will not shrink by itself. Not the last round alone, nor a mean:
+are measured (the first round's is not: no period was measured yet). After that it sends the
+codec's own density for the rest of the warm-up, for good: a wait that grew with the bytes will
+not shrink by itself. Not the last round alone, nor a mean:
 with blocking rounds a peer also waits for the slowest neighbour's step, and that neighbour's
 evaluation or a share of a core taken by another peer makes single waits of 1.4-1.5x the
 period's compute at either rate. The nodes' own figures (stop 43, 4 peers, ``nodes.wide``; the
